@@ -1,0 +1,20 @@
+# Runs the generator (python/cutlass_ops_gen) at configure time.  Its sources, the manifest
+# and the profiles are configure dependencies, so editing them re-runs it on the next build.
+set(CUTLASS_OPS_GENERATED_DIR "${CMAKE_BINARY_DIR}/generated")
+file(GLOB_RECURSE _gen_inputs CONFIGURE_DEPENDS
+  "${CMAKE_SOURCE_DIR}/python/cutlass_ops_gen/*.py" "${CMAKE_SOURCE_DIR}/profiles/*.csv")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_gen_inputs})
+
+string(REPLACE ";" "," _archs_csv "${CUTLASS_OPS_ARCH_LIST}")
+message(STATUS "cutlass_ops: generating kernel set '${CUTLASS_OPS_KERNELS}'")
+execute_process(
+  COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${CMAKE_SOURCE_DIR}/python"
+          "${Python_EXECUTABLE}" -m cutlass_ops_gen
+          --archs "${_archs_csv}" --kernels "${CUTLASS_OPS_KERNELS}"
+          --profiles "${CMAKE_SOURCE_DIR}/profiles" --out "${CUTLASS_OPS_GENERATED_DIR}"
+  RESULT_VARIABLE _gen_rc OUTPUT_VARIABLE _gen_out ERROR_VARIABLE _gen_err)
+if(NOT _gen_rc EQUAL 0)
+  message(FATAL_ERROR "cutlass_ops: the kernel generator failed:\n${_gen_out}\n${_gen_err}")
+endif()
+message(STATUS "cutlass_ops: generated instances:\n${_gen_out}${_gen_err}")
+include("${CUTLASS_OPS_GENERATED_DIR}/instances.cmake")

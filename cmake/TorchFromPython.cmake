@@ -1,0 +1,34 @@
+# Locates the torch the build must match (the one in the running Python) without torch's
+# own TorchConfig.cmake, whose FindCUDA-era logic needs toolkit pieces (nvrtc, cuDNN,
+# -DCUDA_TOOLKIT_ROOT_DIR) that an op library does not use.  Defines the target
+# cutlass_ops::torch (headers, libraries, ABI define).
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c
+    "import os, torch; d = os.path.dirname(torch.__file__); print(d); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+  OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc ERROR_VARIABLE _torch_err
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "cutlass_ops: could not import torch with ${Python_EXECUTABLE}:\n${_torch_err}\n"
+          "Install torch first and build with `pip install --no-build-isolation .`, so the op "
+          "library matches the torch it will load into.")
+endif()
+string(REPLACE "\n" ";" _torch_out "${_torch_out}")
+list(GET _torch_out 0 TORCH_DIR)
+list(GET _torch_out 1 TORCH_VERSION)
+list(GET _torch_out 2 TORCH_CXX11_ABI)
+message(STATUS "cutlass_ops: torch ${TORCH_VERSION} at ${TORCH_DIR}")
+
+add_library(cutlass_ops_torch INTERFACE)
+add_library(cutlass_ops::torch ALIAS cutlass_ops_torch)
+target_include_directories(cutlass_ops_torch SYSTEM INTERFACE
+  "${TORCH_DIR}/include" "${TORCH_DIR}/include/torch/csrc/api/include")
+target_compile_definitions(cutlass_ops_torch INTERFACE
+  _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI} TORCH_API_INCLUDE_EXTENSION_H)
+set(_torch_libs c10 torch_cpu torch)
+if(CUTLASS_OPS_WITH_CUDA)
+  list(APPEND _torch_libs c10_cuda)
+endif()
+foreach(_lib IN LISTS _torch_libs)
+  find_library(TORCH_LIB_${_lib} ${_lib} PATHS "${TORCH_DIR}/lib" NO_DEFAULT_PATH REQUIRED)
+  target_link_libraries(cutlass_ops_torch INTERFACE "${TORCH_LIB_${_lib}}")
+endforeach()

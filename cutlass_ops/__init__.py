@@ -1,0 +1,16 @@
+"""cutlass_ops: CUTLASS-generated fused operators for PyTorch.
+
+    import cutlass_ops
+    y = cutlass_ops.conv2d_fused(x, w, bias, stride=1, padding=1, relu=True)
+
+Ops live under ``torch.ops.cutlass_ops``; this package loads the compiled library,
+registers the fake (meta) implementations for torch.compile, and adds Python wrappers
+(``ops.py``) and nn modules (``nn.py``).
+"""
+from ._library import build_info, cuda_kernels_built
+from .ops import conv2d_fused, conv2d_fused_last_kernel
+from .nn import FusedConv2d
+
+__all__ = ["conv2d_fused", "conv2d_fused_last_kernel", "FusedConv2d", "build_info",
+           "cuda_kernels_built"]
+__version__ = "0.1.0"

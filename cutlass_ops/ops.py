@@ -1,0 +1,77 @@
+"""Python entry points of the ops, and their fake (meta) implementations."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _library  # noqa: F401  (loads the op library)
+
+Scalar = Union[float, torch.Tensor, None]
+
+
+def _pair(v: Union[int, Sequence[int]], name: str) -> list[int]:
+    if isinstance(v, int):
+        return [v, v]
+    v = list(v)
+    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+        raise ValueError(f"conv2d_fused: {name} must be an int or two ints, got {v}")
+    return v
+
+
+def _as_tensor(v: Scalar, like: torch.Tensor) -> Optional[torch.Tensor]:
+    if v is None or isinstance(v, torch.Tensor):
+        return v
+    return torch.full((), float(v), dtype=torch.float32, device=like.device)
+
+
+def conv2d_fused(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Scalar = None,
+    residual: Optional[torch.Tensor] = None,
+    stride: Union[int, Sequence[int]] = 1,
+    padding: Union[int, Sequence[int]] = 0,
+    scale: Scalar = None,
+    post_bias: Scalar = None,
+    relu: bool = False,
+) -> torch.Tensor:
+    """``act(scale * conv2d(input, weight) + bias + residual) + post_bias`` in one kernel.
+
+    input     (N, C, H, W) float16/bfloat16 on CUDA (float32/64 work too, through ATen).
+              channels_last memory is used as is; other layouts are converted (one copy).
+    weight    (K, C, R, S), same dtype and device.
+    bias      per-channel (K,) tensor, or a scalar (float or 0-d tensor); added before act.
+    residual  (N, K, P, Q) tensor added before the activation, or None.
+    scale     scalar multiplying the conv result (FixUp scale); default 1.
+    post_bias scalar added after the activation (FixUp bias); default 0.
+    relu      apply ReLU (else identity).
+
+    Returns (N, K, P, Q) in channels_last memory format.  Any stride, padding and kernel
+    size; channel counts that are not multiples of 8 run lower-alignment kernels, and
+    shapes no generated kernel covers run the ATen composite (with a one-time warning).
+    Scalars given as tensors stay on the device (no host sync, CUDA-graph safe).
+    """
+    bias_t = _as_tensor(bias, input)
+    return torch.ops.cutlass_ops.conv2d_fused(
+        input, weight, bias_t, residual, _as_tensor(scale, input), _as_tensor(post_bias, input),
+        _pair(stride, "stride"), _pair(padding, "padding"), bool(relu))
+
+
+def conv2d_fused_last_kernel() -> str:
+    """The kernel the last conv2d_fused call on this thread ran ("aten" for the composite)."""
+    return torch.ops.cutlass_ops.conv2d_fused_last_kernel()
+
+
+@torch.library.register_fake("cutlass_ops::conv2d_fused")
+def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post_bias=None,
+                       stride=(1, 1), padding=(0, 0), relu=False):
+    torch._check(input.dim() == 4, lambda: "conv2d_fused: input must be 4-D")
+    torch._check(weight.dim() == 4, lambda: "conv2d_fused: weight must be 4-D")
+    torch._check(weight.shape[1] == input.shape[1],
+                 lambda: "conv2d_fused: input and weight channel counts differ")
+    n, _, h, w = input.shape
+    k, _, r, s = weight.shape
+    p = (h + 2 * padding[0] - r) // stride[0] + 1
+    q = (w + 2 * padding[1] - s) // stride[1] + 1
+    return input.new_empty((n, k, p, q)).contiguous(memory_format=torch.channels_last)

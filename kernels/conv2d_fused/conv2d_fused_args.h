@@ -1,0 +1,32 @@
+// Plain description of one fused conv2d launch, shared by the torch op, the generated
+// kernel instances and the C++ tests.  No torch and no CUTLASS types here, so that the
+// instances compile without torch headers and the tests without the op library.
+#pragma once
+
+namespace cutlass_ops {
+namespace conv2d_fused {
+
+enum class DType { kF16, kBF16 };
+
+// y[n,p,q,k] = act(scale * sum_{r,s,c} x[n,h,w,c] * w[k,r,s,c] + bias + residual) + post_bias
+// All tensors NHWC (the weight KRSC), densely packed.  Pointers that are null take the
+// neutral value: scale 1, bias 0, post_bias 0, no residual.
+struct Conv2dFusedArgs {
+  DType dtype;
+  int N, H, W, C;        // input
+  int K, R, S;           // weight
+  int P, Q;              // output
+  int pad_h, pad_w, stride_h, stride_w;
+  void const* input;
+  void const* weight;
+  void const* residual;          // [N,P,Q,K] in dtype, or null
+  void* output;                  // [N,P,Q,K] in dtype
+  float const* bias;             // [K] float32 per-channel bias, or null
+  float const* bias_scalar;      // device scalar added to every element, or null
+  float const* scale;            // device scalar, or null (1)
+  float const* post_bias;        // device scalar, or null (0)
+  bool relu;
+};
+
+}  // namespace conv2d_fused
+}  // namespace cutlass_ops

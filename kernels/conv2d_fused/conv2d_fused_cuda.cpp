@@ -1,0 +1,104 @@
+// CUDA implementation of cutlass_ops::conv2d_fused: lays the tensors out as the generated
+// CUTLASS kernels expect (NHWC, float32 epilogue operands) and runs the first kernel of the
+// dispatch table that fits.  Shapes or dtypes no kernel covers take the ATen composite.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "conv2d_fused/conv2d_fused_dispatch.h"
+#include "conv2d_fused/conv2d_fused_op.h"
+
+namespace cutlass_ops {
+namespace conv2d_fused {
+
+namespace {
+
+// channels_last without a copy when it already is; float32 epilogue operands likewise.
+at::Tensor as_nhwc(at::Tensor const& t) { return t.contiguous(at::MemoryFormat::ChannelsLast); }
+
+at::Tensor as_float_vector(at::Tensor const& t) {
+  auto f = t.to(at::kFloat).contiguous();
+  // The epilogue reads the bias with vector loads of up to 8 floats.
+  if (reinterpret_cast<std::uintptr_t>(f.data_ptr()) % 32 != 0) f = f.clone();
+  return f;
+}
+
+int device_cc(int device) {
+  cudaDeviceProp prop;
+  C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.major * 10 + prop.minor;
+}
+
+}  // namespace
+
+at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
+                             c10::optional<at::Tensor> const& bias,
+                             c10::optional<at::Tensor> const& residual,
+                             c10::optional<at::Tensor> const& scale,
+                             c10::optional<at::Tensor> const& post_bias, at::IntArrayRef stride,
+                             at::IntArrayRef padding, bool relu) {
+  OutputShape out = check_inputs(input, weight, bias, residual, scale, post_bias, stride, padding);
+  auto dtype = input.scalar_type();
+  if (dtype != at::kHalf && dtype != at::kBFloat16) {
+    // float32/float64 have no tensor-core kernels here; the composite is exact and documented.
+    return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  auto output = at::empty({out.N, out.K, out.P, out.Q},
+                          input.options().memory_format(at::MemoryFormat::ChannelsLast));
+  if (output.numel() == 0) {
+    last_kernel_slot() = "none (empty)";
+    return output;
+  }
+  TORCH_CHECK_VALUE(out.N * input.size(2) * input.size(3) * input.size(1) < INT32_MAX &&
+                        output.numel() < INT32_MAX,
+                    "conv2d_fused: tensors over 2^31 elements are not supported; split the batch");
+
+  at::Tensor x = as_nhwc(input), w = as_nhwc(weight);
+  at::Tensor res = residual ? as_nhwc(*residual) : at::Tensor();
+  at::Tensor bias_vec, bias_scalar, scale_f, post_bias_f;
+  if (bias) (bias->dim() == 1 ? bias_vec : bias_scalar) = as_float_vector(*bias);
+  if (scale) scale_f = as_float_vector(*scale);
+  if (post_bias) post_bias_f = as_float_vector(*post_bias);
+
+  Conv2dFusedArgs a{};
+  a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  a.N = out.N; a.H = input.size(2); a.W = input.size(3); a.C = input.size(1);
+  a.K = out.K; a.R = weight.size(2); a.S = weight.size(3); a.P = out.P; a.Q = out.Q;
+  a.pad_h = padding[0]; a.pad_w = padding[1]; a.stride_h = stride[0]; a.stride_w = stride[1];
+  a.input = x.data_ptr();
+  a.weight = w.data_ptr();
+  a.residual = res.defined() ? res.data_ptr() : nullptr;
+  a.output = output.data_ptr();
+  a.bias = bias_vec.defined() ? bias_vec.data_ptr<float>() : nullptr;
+  a.bias_scalar = bias_scalar.defined() ? bias_scalar.data_ptr<float>() : nullptr;
+  a.scale = scale_f.defined() ? scale_f.data_ptr<float>() : nullptr;
+  a.post_bias = post_bias_f.defined() ? post_bias_f.data_ptr<float>() : nullptr;
+  a.relu = relu;
+
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
+  LaunchResult r = launch(a, device_cc(input.device().index()), stream);
+  if (r.kernel == nullptr) {
+    TORCH_WARN_ONCE("cutlass_ops.conv2d_fused: no generated kernel fits (", r.why_not,
+                    "); using the slower ATen composite. Channel counts that are multiples "
+                    "of 8 take the fastest kernels.");
+    return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
+  }
+  TORCH_CHECK(r.status == cutlass::Status::kSuccess, "conv2d_fused: kernel ", r.kernel->name,
+              " failed to launch: ", cudaGetErrorString(cudaGetLastError()),
+              " (was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  last_kernel_slot() = r.kernel->name;
+  return output;
+}
+
+}  // namespace conv2d_fused
+}  // namespace cutlass_ops
+
+TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
+  m.impl("conv2d_fused", &cutlass_ops::conv2d_fused::conv2d_fused_cuda);
+}

@@ -1,0 +1,50 @@
+// The dispatch table the generator writes (conv2d_fused_dispatch_table.cpp in the build
+// tree), and the run-time choice of a kernel from it.  No torch here: the C++ tests use it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cutlass/cutlass.h"
+#include "conv2d_fused/conv2d_fused_args.h"
+
+namespace cutlass_ops {
+namespace conv2d_fused {
+
+using KernelFn = cutlass::Status (*)(Conv2dFusedArgs const&, cudaStream_t);
+
+struct KernelEntry {
+  char const* name;
+  int family;            // CUTLASS arch tag the kernel is written for: 70 or 80
+  DType dtype;
+  int alignment;         // channel alignment in elements (input C and output K)
+  int tile_m, tile_n, tile_k, stages;
+  int max_out_channels;  // use only when K <= this; 0 = any K
+  KernelFn run;
+};
+
+extern const KernelEntry kKernels[];
+extern const int kNumKernels;
+
+// Largest alignment in {8,4,2,1} that divides C and K and that every pointer honours.
+int channel_alignment(Conv2dFusedArgs const& a);
+
+// Kernel family for a device of compute capability `cc` (e.g. 90): 80 for sm80+, 70 for
+// sm70..sm75, 0 when none applies.
+int family_for_device(int cc);
+
+struct LaunchResult {
+  KernelEntry const* kernel = nullptr;   // the kernel that ran, or null
+  cutlass::Status status = cutlass::Status::kErrorNotSupported;
+  std::string why_not;                   // when kernel is null: what every candidate said
+};
+
+// Runs the first table entry that fits `a` on a device of compute capability `cc`, trying
+// the widest channel alignment the tensors allow first.
+// When none fits, nothing is launched and `why_not` says why (the caller falls back).
+// A launch that failed returns its kernel with status kErrorInternal.
+LaunchResult launch(Conv2dFusedArgs const& a, int cc, cudaStream_t stream);
+
+}  // namespace conv2d_fused
+}  // namespace cutlass_ops

@@ -1,0 +1,84 @@
+"""What the build instantiates: op families x dtype x arch family x alignment x tile.
+
+An *arch family* is the CUTLASS architecture tag the kernels are written for.  Family 80
+(Ampere ``mma.sync`` 16x8x16, cp.async pipelines) is compiled for every requested arch
+>= 80 (sm80, sm86, sm90 all run it).  Family 70 (Volta ``mma`` 8x8x4, two-stage pipeline)
+is compiled for sm70 only and needs a CUDA 11.8/12.x toolkit (CUDA 13 dropped sm70).
+
+Kernel sets:
+  ``all`` - every dtype and alignment, the default tiles (or the profiled winners).
+  ``ci``  - the smallest set that still exercises the build and the alignment fallback:
+            fp16 and bf16, alignments 8 and 1, one tile each.
+Family 70 has fp16 only (Volta has no bf16 tensor cores) and alignment 8 only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Element types the fused conv supports, by the name the dispatch table uses.
+DTYPES = ("f16", "bf16")
+
+# Channel alignments (elements) with one instance set each.  The op picks the largest one
+# that divides both the input and the output channel count (and the pointers' alignment).
+ALIGNMENTS = (8, 4, 2, 1)
+
+KERNEL_SETS = ("all", "ci")
+
+
+def arch_families(archs: list[int]) -> list[int]:
+    """The kernel families needed to cover the requested SM archs."""
+    families = set()
+    for arch in archs:
+        if arch >= 80:
+            families.add(80)
+        elif arch >= 70:
+            families.add(70)
+        else:
+            raise ValueError(f"sm{arch} is not supported: cutlass_ops needs sm70 or newer")
+    return sorted(families)
+
+
+@dataclass(frozen=True)
+class OpFamily:
+    """One fused op family: its name in the dispatch table and which epilogue it uses."""
+    name: str
+    epilogue: str
+    doc: str
+
+
+CONV2D_FUSED = OpFamily(
+    name="conv2d_fused",
+    epilogue="cutlass_ops::epilogue::FusedConvEpilogue",
+    doc="implicit-GEMM conv2d fprop, NHWC, y = act(scale*conv + bias [+ residual]) + post_bias",
+)
+
+OP_FAMILIES = (CONV2D_FUSED,)
+
+
+@dataclass(frozen=True)
+class InstanceKey:
+    """What the run-time dispatch matches on before it looks at tile shapes."""
+    op: str
+    family: int
+    dtype: str
+    alignment: int
+
+
+def instance_keys(archs: list[int], kernel_set: str) -> list[InstanceKey]:
+    if kernel_set not in KERNEL_SETS:
+        raise ValueError(f"unknown kernel set {kernel_set!r}; choose one of {KERNEL_SETS}")
+    keys = []
+    for family in arch_families(archs):
+        # Volta tensor cores have no bf16.
+        dtypes = ("f16",) if family == 70 else DTYPES
+        if family == 70:
+            # CUTLASS's Volta conv kernels are written for 128-bit accesses only; other
+            # channel counts take the ATen fallback on Volta.
+            alignments = (8,)
+        else:
+            alignments = (8, 1) if kernel_set == "ci" else ALIGNMENTS
+        for op in OP_FAMILIES:
+            for dtype in dtypes:
+                for alignment in alignments:
+                    keys.append(InstanceKey(op.name, family, dtype, alignment))
+    return keys

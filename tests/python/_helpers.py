@@ -1,0 +1,32 @@
+"""Shared by the tests: devices to test on, tolerances, error metrics, poisoning."""
+import pytest
+import torch
+
+import cutlass_ops
+
+HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device (or a CPU-only build)"))]
+
+# ||out - ref|| / ||ref|| bounds and max-error bounds (relative to max |ref|) per dtype.
+TOLERANCE = {torch.float16: (1e-3, 4e-3), torch.bfloat16: (8e-3, 3e-2),
+             torch.float32: (1e-5, 1e-4), torch.float64: (1e-12, 1e-11)}
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(relative L2 error, max abs error / max |ref|); NaN anywhere gives inf."""
+    out = out.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    if not torch.isfinite(out).all():
+        return float("inf"), float("inf")
+    rel = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    mx = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item() if ref.numel() else 0.0
+    return rel, mx
+
+
+def poison_cuda_cache(nbytes: int) -> None:
+    """Fill the caching allocator's next free block with NaN so that an output the kernel
+    fails to write shows up as NaN instead of as stale, plausible numbers."""
+    if torch.cuda.is_available():
+        t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
+        del t
