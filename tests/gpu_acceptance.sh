@@ -20,8 +20,8 @@ for archs in $ARCH_SETS; do
   rm -rf "$dir"
   start=$(date +%s%N)
   CUTLASS_OPS_ARCHS="$archs" CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q \
-    --no-build-isolation --no-deps . -Cbuild-dir="$dir" > "$OUT/build_$(echo "$archs" | tr ';' '_').log" 2>&1 \
-    || { echo "BUILD FAILED for $archs"; tail -50 "$OUT/build_$(echo "$archs" | tr ';' '_').log"; exit 1; }
+    --no-build-isolation --no-deps . -Cbuild-dir="$dir" > "/tmp/$dir.log" 2>&1 \
+    || { echo "BUILD FAILED for $archs"; tail -50 "/tmp/$dir.log"; exit 1; }
   secs=$(awk "BEGIN{printf \"%.1f\", ($(date +%s%N) - $start) / 1e9}")
   so=$(find "$dir" -name 'libcutlass_ops_C*.so' | head -1)
   n=$(ls "$dir"/generated/*.cu | wc -l)
@@ -32,7 +32,7 @@ done
 echo "== tests (pytest + ctest) on the last build"
 export CUTLASS_OPS_ERROR_LOG="$OUT/errors_by_case.txt"; rm -f "$CUTLASS_OPS_ERROR_LOG"
 CUTLASS_OPS_SKIP_BUILD=1 BUILD_DIR="$last_dir" PYTHON="$PYTHON" bash tests/run.sh -q \
-  --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/tests.log" | grep -v "^SKIPPED\|^PASSED"
+  2>&1 | tee "$OUT/tests.log" | grep -v "^SKIPPED\|^PASSED"
 test_rc=${PIPESTATUS[0]}
 echo "== worst relative error per dtype and path (pytest numerics cases, vs float64)"
 "$PYTHON" - "$CUTLASS_OPS_ERROR_LOG" <<'PY'
@@ -54,7 +54,7 @@ echo "== benchmark"
 echo "== pip wheel and import from the wheel"
 rm -rf /tmp/cutlass_ops_wheel /tmp/cutlass_ops_from_wheel
 CUTLASS_OPS_ARCHS="80;90" "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps . \
-  -w /tmp/cutlass_ops_wheel -Cbuild-dir="$last_dir" > "$OUT/wheel.log" 2>&1 || tail -30 "$OUT/wheel.log"
+  -w /tmp/cutlass_ops_wheel -Cbuild-dir="$last_dir" > /tmp/wheel.log 2>&1 || tail -30 /tmp/wheel.log
 ls -la /tmp/cutlass_ops_wheel
 "$PYTHON" -m pip install -q --no-deps --target /tmp/cutlass_ops_from_wheel /tmp/cutlass_ops_wheel/*.whl
 (cd /tmp && PYTHONPATH=/tmp/cutlass_ops_from_wheel:${PYTHONPATH:-} "$PYTHON" -c "
