@@ -8,7 +8,7 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_gen_inputs})
 string(REPLACE ";" "," _archs_csv "${CUTLASS_OPS_ARCH_LIST}")
 message(STATUS "cutlass_ops: generating kernel set '${CUTLASS_OPS_KERNELS}'")
 execute_process(
-  COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${CMAKE_SOURCE_DIR}/python"
+  COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${CMAKE_SOURCE_DIR}/python:$ENV{PYTHONPATH}"
           "${Python_EXECUTABLE}" -m cutlass_ops_gen
           --archs "${_archs_csv}" --kernels "${CUTLASS_OPS_KERNELS}"
           --profiles "${CMAKE_SOURCE_DIR}/profiles" --out "${CUTLASS_OPS_GENERATED_DIR}"
