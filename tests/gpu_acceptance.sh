@@ -10,6 +10,11 @@ OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
 PYTHON=${PYTHON:-python3}
 export MAX_JOBS=${MAX_JOBS:-16} CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 ARCH_SETS=${ARCH_SETS:-"80 80;90"}   # the last one is tested and benchmarked
+# A compiler that links libstdc++ statically into shared libraries (the device image's
+# /opt/gcc wrapper does) gives the op library its own uninitialised iostreams, and the
+# first error message with a number in it crashes.  Use the system compiler when present.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
+echo "host compiler: $(${CXX:-c++} --version | head -1)"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
