@@ -28,11 +28,11 @@ foreach(_arch IN LISTS CUTLASS_OPS_ARCH_LIST)
   if(_arch LESS 70)
     message(FATAL_ERROR "cutlass_ops: sm${_arch} is not supported (tensor-core kernels need sm70+)")
   endif()
-  if(_arch LESS 80 AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 13)
+  if(_arch LESS 75 AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 13)
     message(FATAL_ERROR
-      "cutlass_ops: sm${_arch} (Volta/Turing) was requested, but CUDA ${CMAKE_CUDA_COMPILER_VERSION} "
-      "cannot compile it: CUDA 13 dropped sm70/sm75 targets. Build the Volta kernels with a CUDA "
-      "11.8 or 12.x toolkit (CUDACXX=/path/to/cuda-12/bin/nvcc), or drop ${_arch} from "
+      "cutlass_ops: sm${_arch} (Volta) was requested, but CUDA ${CMAKE_CUDA_COMPILER_VERSION} "
+      "cannot compile it: CUDA 13 dropped the sm70/sm72 targets. Build the Volta kernels with a "
+      "CUDA 11.8 or 12.x toolkit (CUDACXX=/path/to/cuda-12/bin/nvcc), or drop ${_arch} from "
       "CUTLASS_OPS_ARCHS.")
   endif()
 endforeach()

@@ -3,7 +3,8 @@
 An *arch family* is the CUTLASS architecture tag the kernels are written for.  Family 80
 (Ampere ``mma.sync`` 16x8x16, cp.async pipelines) is compiled for every requested arch
 >= 80 (sm80, sm86, sm90 all run it).  Family 70 (Volta ``mma`` 8x8x4, two-stage pipeline)
-is compiled for sm70 only and needs a CUDA 11.8/12.x toolkit (CUDA 13 dropped sm70).
+is compiled for sm70..sm75 (Turing runs the Volta mma too); sm70 needs a CUDA 11.8/12.x
+toolkit (CUDA 13 dropped sm70/sm72).
 
 Kernel sets:
   ``all`` - every dtype and alignment, the default tiles (or the profiled winners).
