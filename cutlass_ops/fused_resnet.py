@@ -1,0 +1,170 @@
+"""FusedResNet: SE-ResNet9-FixUp inference from fused kernels.
+
+Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``; only
+the forward differs.  Per forward (17 kernels):
+
+  space-to-depth layout copy            input NCHW -> (N, 16C, H/4, W/4) channels_last
+  stem      conv2d_fused 1x1 + ReLU,    epilogue also adds block 0's fixup_bias1a
+  per block conv1  conv2d_fused 3x3:    relu(acc + b1b) + b2a     (= conv2's padded input)
+            downsample (blocks 1-3):    avgpool3x3/s2 + 1x1 conv as one 3x3/s2 conv, taps W/9
+            conv2  conv2d_fused 3x3:    acc * scale + b2b
+            se_gate (one CTA/image):    squeeze, excite MLP, h*g + identity, ReLU,
+                                        + the next block's fixup_bias1a
+
+Not fused yet (measured in the benchmark; see README): conv1 and the downsample read the
+same input in two GEMMs, the squeeze re-reads conv2's output instead of being summed in
+its epilogue, and the excite MLP is a plain loop in se_gate, not a CUTLASS B2B GEMM.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .models import SEFixupBasicBlock, SEResNet9FixUp
+from .ops import conv2d_fused, se_gate
+
+
+def space_to_depth_nhwc(x: torch.Tensor, block: int = 4) -> torch.Tensor:
+    """SpaceToDepth(4) written straight into channels_last memory (one copy kernel)."""
+    n, c, h, w = x.shape
+    if h % block or w % block:
+        raise ValueError(f"FusedResNet: input height and width must be multiples of {block}, got {h}x{w}")
+    y = x.reshape(n, c, h // block, block, w // block, block).permute(0, 2, 4, 3, 5, 1)
+    y = y.reshape(n, h // block, w // block, block * block * c)  # copies: (dy, dx, c) innermost
+    return y.permute(0, 3, 1, 2)
+
+
+class FusedResNet(SEResNet9FixUp):
+    """Drop-in for ``SEResNet9FixUp`` (inference).  ``graph=True`` replays a CUDA graph per
+    input shape/dtype (the output tensor is then reused by the next call of that shape:
+    clone it to keep it).  FixUp scalars and SE weights stay float32 whatever the model
+    dtype: they are tiny and the kernels use them in float32.
+    """
+
+    def __init__(self, in_channels: int = 3, base_planes: int = 64, graph: bool = False):
+        super().__init__(in_channels, base_planes)
+        self.in_channels = in_channels
+        self.graph = graph
+        self._derived: dict = {}
+        self._graphs: dict = {}
+        self._to_kernel_layouts()
+
+    @classmethod
+    def from_reference(cls, model: SEResNet9FixUp, graph: bool = False) -> "FusedResNet":
+        in_channels = model.stem[1].weight.shape[1] // 16
+        base = model.stem[1].weight.shape[0]
+        p = next(model.parameters())
+        fused = cls(in_channels, base, graph=graph).to(device=p.device, dtype=p.dtype)
+        fused.load_state_dict(model.state_dict())
+        return fused
+
+    # -- parameter layouts -----------------------------------------------------------------
+    def _float32_params(self):
+        for blk in self._blocks():
+            yield from (blk.fixup_bias1a, blk.fixup_bias1b, blk.fixup_bias2a, blk.fixup_scale,
+                        blk.fixup_bias2b)
+            yield from blk.se.parameters()
+
+    def _to_kernel_layouts(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+        for p in self._float32_params():
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._to_kernel_layouts()
+        self._derived.clear()
+        self._graphs.clear()
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._to_kernel_layouts()
+        self._derived.clear()
+        self._graphs.clear()
+        return result
+
+    def _blocks(self) -> list[SEFixupBasicBlock]:
+        return [layer[0] for layer in self.layers]
+
+    def _cached(self, name: str, source: torch.Tensor, make):
+        """A tensor derived from a parameter, rebuilt when the parameter changes."""
+        key = (source.data_ptr(), source._version, source.dtype)
+        hit = self._derived.get(name)
+        if hit is None or hit[0] != key:
+            with torch.no_grad():
+                hit = (key, make(source))
+            self._derived[name] = hit
+        return hit[1]
+
+    def _downsample_weight(self, i: int, blk: SEFixupBasicBlock) -> torch.Tensor:
+        # AvgPool2d(3, 2, 1, count_include_pad=True) then a 1x1 conv == a 3x3 stride-2 pad-1
+        # conv whose every tap is W / 9.
+        w = blk.downsample[1].weight
+        return self._cached(f"ds{i}", w, lambda t: (t / 9).expand(-1, -1, 3, 3)
+                            .contiguous(memory_format=torch.channels_last))
+
+    # -- forward ---------------------------------------------------------------------------
+    def _check_input(self, x: torch.Tensor) -> None:
+        w = self.stem[1].weight
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"FusedResNet: expected input (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        if x.dtype != w.dtype or x.device != w.device:
+            raise ValueError(f"FusedResNet: input is {x.dtype} on {x.device} but the model is "
+                             f"{w.dtype} on {w.device}; convert one of them")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        if self.graph and x.is_cuda and not torch.cuda.is_current_stream_capturing():
+            return self._graphed(x)
+        return self._fused_forward(x)
+
+    def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = self._blocks()
+        s2d = space_to_depth_nhwc(x)
+        b1a0 = blocks[0].fixup_bias1a
+        # The stem's epilogue adds block 0's b1a: xa = relu(stem) + b1a.  Block 0's identity
+        # is the stem output itself, recovered in se_gate as xa + (-b1a).
+        xa = conv2d_fused(s2d, self.stem[1].weight, relu=True, post_bias=b1a0)
+        neg_b1a0 = self._cached("neg_b1a0", b1a0, lambda t: -t)
+        for i, blk in enumerate(blocks):
+            stride = blk.conv1.stride[0]
+            h = conv2d_fused(xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None, stride, 1,
+                             None, blk.fixup_bias2a, relu=True)
+            h = conv2d_fused(h, blk.conv2.weight, blk.fixup_bias2b.view(()), None, 1, 1,
+                             blk.fixup_scale, None, relu=False)
+            if blk.downsample is None:
+                identity, identity_bias = xa, neg_b1a0
+            else:
+                identity = conv2d_fused(xa, self._downsample_weight(i, blk), None, None, stride, 1)
+                identity_bias = None
+            next_b1a: Optional[torch.Tensor] = blocks[i + 1].fixup_bias1a if i + 1 < len(blocks) else None
+            fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
+            xa = se_gate(h, identity, fc1.weight, fc1.bias, fc2.weight, fc2.bias, identity_bias, next_b1a)
+        return xa
+
+    def _graphed(self, x: torch.Tensor) -> torch.Tensor:
+        key = (tuple(x.shape), x.dtype, x.device)
+        versions = tuple(p._version for p in self.parameters())
+        entry = self._graphs.get(key)
+        if entry is None or entry["versions"] != versions:
+            static_x = x.clone()
+            side = torch.cuda.Stream(x.device)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: builds derived weights, loads kernels
+                    self._fused_forward(static_x)
+            torch.cuda.current_stream(x.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self._fused_forward(static_x)
+            entry = {"graph": graph, "x": static_x, "out": static_out, "versions": versions}
+            self._graphs[key] = entry
+        entry["x"].copy_(x)
+        entry["graph"].replay()
+        return entry["out"]

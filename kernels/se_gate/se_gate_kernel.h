@@ -1,0 +1,36 @@
+// Squeeze-excitation gate with the residual join, one CTA per image:
+//   s   = mean_hw(h[n])                          (squeeze)
+//   g   = sigmoid(W2 relu(W1 s + b1) + b2)       (excite: the two Linear layers)
+//   out = relu(h * g + identity + identity_bias) + post_bias
+// h, identity, out: NHWC (channels_last) fp16/bf16; W1 (R, C), W2 (C, R), biases float32.
+// No torch here: the op entry point (se_gate_cuda.cpp) calls launch_se_gate.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace cutlass_ops {
+namespace se_gate {
+
+enum class DType { kF16, kBF16 };
+
+struct SeGateArgs {
+  DType dtype;
+  int N, HW, C, R;               // R = C / reduction (hidden width of the excite MLP)
+  void const* h;
+  void const* identity;
+  void* out;
+  float const* w1; float const* b1;  // (R, C), (R)
+  float const* w2; float const* b2;  // (C, R), (C)
+  float const* identity_bias;        // device scalar or null
+  float const* post_bias;            // device scalar or null
+};
+
+// Shared memory the kernel needs (bytes); the op checks it against the device limit.
+size_t se_gate_smem_bytes(int C, int R);
+
+// Requirements: C % 8 == 0 and 16-byte aligned h/identity/out (the op checks and falls
+// back to ATen otherwise).  Returns the launch's cudaError.
+cudaError_t launch_se_gate(SeGateArgs const& a, cudaStream_t stream);
+
+}  // namespace se_gate
+}  // namespace cutlass_ops

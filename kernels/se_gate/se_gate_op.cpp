@@ -1,0 +1,79 @@
+// cutlass_ops::se_gate: squeeze-excitation gate + residual + ReLU in one pass.
+// Schema, checks and the CPU (ATen) implementation; CUDA in se_gate_cuda.cpp, fake in
+// cutlass_ops/ops.py.
+#include "se_gate/se_gate_op.h"
+
+#include <torch/library.h>
+
+namespace cutlass_ops {
+namespace se_gate {
+
+void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
+                  at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
+                  c10::optional<at::Tensor> const& identity_bias,
+                  c10::optional<at::Tensor> const& post_bias) {
+  TORCH_CHECK_VALUE(h.dim() == 4, "se_gate: h must be 4-D (N, C, H, W), got ", h.dim(), "-D");
+  TORCH_CHECK_VALUE(at::isFloatingType(h.scalar_type()), "se_gate: h must be floating, got ",
+                    h.scalar_type());
+  TORCH_CHECK_VALUE(identity.sizes() == h.sizes(), "se_gate: identity shape ", identity.sizes(),
+                    " differs from h shape ", h.sizes());
+  TORCH_CHECK_VALUE(identity.scalar_type() == h.scalar_type(), "se_gate: identity dtype ",
+                    identity.scalar_type(), " differs from h dtype ", h.scalar_type());
+  int64_t C = h.size(1);
+  TORCH_CHECK_VALUE(w1.dim() == 2 && w1.size(1) == C, "se_gate: fc1_weight must be (R, ", C,
+                    "), got ", w1.sizes());
+  int64_t R = w1.size(0);
+  TORCH_CHECK_VALUE(b1.dim() == 1 && b1.size(0) == R, "se_gate: fc1_bias must be (", R, "), got ",
+                    b1.sizes());
+  TORCH_CHECK_VALUE(w2.dim() == 2 && w2.size(0) == C && w2.size(1) == R,
+                    "se_gate: fc2_weight must be (", C, ", ", R, "), got ", w2.sizes());
+  TORCH_CHECK_VALUE(b2.dim() == 1 && b2.size(0) == C, "se_gate: fc2_bias must be (", C,
+                    "), got ", b2.sizes());
+  for (auto const* t : {&identity, &w1, &b1, &w2, &b2}) {
+    TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate: all tensors must be on ", h.device(),
+                      ", got one on ", t->device());
+  }
+  for (auto const* t : {&w1, &b1, &w2, &b2}) {
+    TORCH_CHECK_VALUE(at::isFloatingType(t->scalar_type()), "se_gate: excite weights must be floating");
+  }
+  for (auto const* s : {&identity_bias, &post_bias}) {
+    if (*s) {
+      TORCH_CHECK_VALUE((*s)->numel() == 1 && (*s)->dim() <= 1,
+                        "se_gate: identity_bias/post_bias must be scalar tensors, got ", (*s)->sizes());
+      TORCH_CHECK_VALUE((*s)->device() == h.device(), "se_gate: scalar on ", (*s)->device(),
+                        " but h on ", h.device());
+    }
+  }
+}
+
+at::Tensor se_gate_aten(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
+                        at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
+                        c10::optional<at::Tensor> const& identity_bias,
+                        c10::optional<at::Tensor> const& post_bias) {
+  check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias);
+  auto compute = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto hf = h.to(compute);
+  auto squeeze = hf.mean({2, 3});
+  auto hidden = at::relu(at::linear(squeeze, w1.to(compute), b1.to(compute)));
+  auto gate = at::sigmoid(at::linear(hidden, w2.to(compute), b2.to(compute)));
+  auto y = hf * gate.unsqueeze(-1).unsqueeze(-1) + identity.to(compute);
+  if (identity_bias) y = y + identity_bias->to(compute).reshape({});
+  y = at::relu(y);
+  if (post_bias) y = y + post_bias->to(compute).reshape({});
+  auto out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::ChannelsLast));
+  out.copy_(y);
+  return out;
+}
+
+}  // namespace se_gate
+}  // namespace cutlass_ops
+
+TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
+  m.def(
+      "se_gate(Tensor h, Tensor identity, Tensor fc1_weight, Tensor fc1_bias, Tensor fc2_weight, "
+      "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
+  m.impl("se_gate", &cutlass_ops::se_gate::se_gate_aten);
+}

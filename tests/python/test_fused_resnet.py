@@ -1,0 +1,115 @@
+"""FusedResNet (SE-ResNet9-FixUp) against the reference module run in float64."""
+import pytest
+import torch
+
+import cutlass_ops
+from cutlass_ops.models import SEResNet9FixUp
+from _helpers import HAS_CUDA, errors
+
+# Issue bounds: relative L2 error vs float64, per dtype.
+BOUND = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def randomize_(model: SEResNet9FixUp, g: torch.Generator) -> SEResNet9FixUp:
+    """Random weights everywhere: FixUp's init (conv2 = 0, scalars 0/1) would hide bugs."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "fixup_scale" in name:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            elif "fixup_bias" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            elif p.dim() == 4:  # convs: keep activations O(1)
+                fan_in = p.shape[1] * p.shape[2] * p.shape[3]
+                p.copy_(torch.randn(p.shape, generator=g) * (2.0 / fan_in) ** 0.5)
+            else:  # SE Linear weights and biases
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / p.shape[-1]) ** 0.5)
+    return model
+
+
+def make_pair(in_channels, dtype, device, g, graph=False):
+    ref = randomize_(SEResNet9FixUp(in_channels), g).to(device=device, dtype=dtype)
+    fused = cutlass_ops.FusedResNet.from_reference(ref, graph=graph)
+    return ref, fused
+
+
+def reference_output(ref, x):
+    """Float64 run of the reference module with the same (rounded) weights and input."""
+    r64 = SEResNet9FixUp(ref.stem[1].weight.shape[1] // 16).to(device=x.device, dtype=torch.float64)
+    r64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    with torch.no_grad():
+        return r64(x.double())
+
+
+CUDA_CASES = [(c, n, d) for d in (torch.float16, torch.bfloat16) for c in (3, 1, 11)
+              for n in (1, 3, 128, 1000)]
+CPU_CASES = [(c, n, d) for d in (torch.float16, torch.bfloat16, torch.float32) for c in (3, 1, 11)
+             for n in (1, 3)]
+
+
+def _check(in_channels, n, dtype, device, graph=False):
+    g = torch.Generator().manual_seed(1000 * in_channels + n)
+    ref, fused = make_pair(in_channels, dtype, device, g, graph)
+    x = torch.randn(n, in_channels, 64, 64, generator=g).to(device=device, dtype=dtype)
+    if device == "cuda":  # poison the allocator's free blocks: unwritten outputs show as NaN
+        t = torch.full((n * 64 * 64 * 64 * 4,), float("nan"), dtype=dtype, device=device)
+        del t
+    with torch.no_grad():
+        out = fused(x)
+    expected = reference_output(ref, x)
+    assert out.shape == (n, 512, 2, 2) and out.dtype == dtype
+    rel, mx = errors(out, expected)
+    print(f"FusedResNet C_in={in_channels} N={n} {dtype}: rel {rel:.2e} max {mx:.2e}")
+    assert rel <= BOUND[dtype], f"rel {rel:.3e} > {BOUND[dtype]}"
+    return fused, x, out
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("in_channels, n, dtype", CUDA_CASES,
+                         ids=[f"c{c}-n{n}-{str(d)[6:]}" for c, n, d in CUDA_CASES])
+def test_fused_resnet_cuda(in_channels, n, dtype):
+    _check(in_channels, n, dtype, "cuda")
+
+
+@pytest.mark.parametrize("in_channels, n, dtype", CPU_CASES,
+                         ids=[f"c{c}-n{n}-{str(d)[6:]}" for c, n, d in CPU_CASES])
+def test_fused_resnet_cpu(in_channels, n, dtype):
+    _check(in_channels, n, dtype, "cpu")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_graph_mode_matches_and_follows_weight_updates():
+    fused, x, out = _check(3, 16, torch.float16, "cuda", graph=True)
+    eager = fused._fused_forward(x)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    with torch.no_grad():  # an in-place update must not replay a stale graph
+        fused.layers[1][0].downsample[1].weight.mul_(2)
+        fused.layers[2][0].fixup_scale.add_(0.25)
+    torch.testing.assert_close(fused(x).clone(), fused._fused_forward(x), rtol=0, atol=0)
+
+
+def test_state_dict_names_are_the_originals():
+    ref = SEResNet9FixUp(3)
+    fused = cutlass_ops.FusedResNet(3)
+    assert list(fused.state_dict().keys()) == list(ref.state_dict().keys())
+    fused.load_state_dict(ref.state_dict())  # strict
+    assert "layers.1.0.downsample.1.weight" in ref.state_dict()
+    assert "layers.3.0.se.excite.2.bias" in ref.state_dict()
+
+
+def test_bad_input_raises():
+    fused = cutlass_ops.FusedResNet(3)
+    with pytest.raises(ValueError, match=r"expected input \(N, 3"):
+        fused(torch.randn(2, 1, 64, 64))
+    with pytest.raises(ValueError, match="multiples of 4"):
+        fused(torch.randn(2, 3, 62, 62))
+    with pytest.raises(ValueError, match="convert one of them"):
+        fused(torch.randn(2, 3, 64, 64, dtype=torch.float16))
+
+
+def test_torch_compile_traces_fused_resnet():
+    g = torch.Generator().manual_seed(0)
+    ref, fused = make_pair(1, torch.float32, "cpu", g)
+    x = torch.randn(2, 1, 64, 64, generator=g)
+    compiled = torch.compile(fused._fused_forward, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), fused(x))

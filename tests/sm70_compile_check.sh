@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Compile-only check of the generator's Volta (Sm70, mma 8x8x4) kernel instances for sm_70.
+# CUDA 13 (/usr/local/cuda) dropped sm_70, so this uses Debian bookworm's CUDA 11.8
+# (non-free `nvidia-cuda-toolkit`, nvcc in /usr/bin) with g++-11: with gcc 12 its host pass
+# fails.  Nothing is run; no GPU needed.
+#   usage: tests/sm70_compile_check.sh [--install]   (--install: apt-get the toolchain; root)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# Any Python with the nvidia-cutlass wheel (for its headers); the dev venv by default.
+PYTHON=${PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || echo python3)}
+# An absolute path: /usr/local/bin/nvcc (CUDA 13) comes first on PATH.
+NVCC=${SM70_NVCC:-/usr/bin/nvcc}
+
+have_toolchain() {
+  [ -x "$NVCC" ] && "$NVCC" --version | grep -q 'release 11\.8' && command -v g++-11 >/dev/null
+}
+
+if ! have_toolchain; then
+  if [ "${1:-}" != --install ]; then
+    echo "error: needs CUDA 11.8 nvcc at $NVCC and g++-11; rerun with --install (as root), i.e." >&2
+    echo "  enable Debian 'contrib non-free' and: apt-get install nvidia-cuda-toolkit g++-11" >&2
+    exit 2
+  fi
+  # The toolkit is in non-free; add the components in a file of our own rather than
+  # editing the distribution's sources.
+  src=/etc/apt/sources.list.d/debian-nonfree.sources
+  if ! apt-cache policy nvidia-cuda-toolkit 2>/dev/null | grep -q 'Candidate: 11\.8'; then
+    printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
+      'Suites: bookworm bookworm-updates' 'Components: contrib non-free non-free-firmware' \
+      'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' > "$src"
+    apt-get update -q
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    nvidia-cuda-toolkit g++-11
+  have_toolchain || { echo "error: CUDA 11.8 nvcc / g++-11 still missing after install" >&2; exit 2; }
+fi
+"$NVCC" --version | grep release
+
+CUTLASS=$("$PYTHON" -c 'import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))')/source
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+PYTHONPATH="$REPO/python" "$PYTHON" -m cutlass_ops_gen --archs 70 --kernels all --out "$OUT/gen" \
+  > "$OUT/gen.log" 2>&1 || { cat "$OUT/gen.log" >&2; exit 1; }
+tail -n 1 "$OUT/gen.log"
+
+shopt -s nullglob
+passed=0 failed=0
+for cu in "$OUT"/gen/*_sm70_*.cu; do
+  name=$(basename "$cu" .cu)
+  start=$SECONDS
+  # nvcc finds ptxas/cudafe++/fatbinary on PATH, where /usr/local/bin has CUDA 13 wrappers
+  # that reject sm_70: put 11.8's directory first, for this call only.
+  if PATH="$(dirname "$NVCC"):$PATH" "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG \
+       -gencode arch=compute_70,code=sm_70 -ccbin g++-11 \
+       -I"$CUTLASS/include" -I"$CUTLASS/tools/util/include" -I"$REPO/kernels" \
+       -c "$cu" -o "$OUT/$name.o" > "$OUT/$name.log" 2>&1; then
+    echo "ok   $name ($((SECONDS - start)) s)"; passed=$((passed + 1))
+  else
+    echo "FAIL $name ($((SECONDS - start)) s)"; failed=$((failed + 1))
+    head -c 4000 "$OUT/$name.log"   # the first errors are the useful ones
+  fi
+done
+# A generator that emits no Sm70 instance would otherwise "pass".
+[ $((passed + failed)) -gt 0 ] || { echo "error: no *_sm70_*.cu emitted" >&2; failed=1; }
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
