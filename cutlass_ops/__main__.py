@@ -45,6 +45,8 @@ def cmd_bench(args) -> int:
     if not torch.cuda.is_available():
         print("bench: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.what == "resnet":
+        return bench_resnet_cmd(args)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     result = bench_conv(args.n, args.c, args.k, args.hw, dtype,
                         compile_max_autotune=not args.no_compile, iters=args.iters)
@@ -57,6 +59,27 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def bench_resnet_cmd(args) -> int:
+    import torch
+    from .bench import bench_resnet, environment, plot_resnet, print_resnet_table, write_json
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    systems = args.systems or None
+    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
+    result = bench_resnet(args.batch, dtype, args.in_channels,
+                          **({"systems": systems} if systems else {}), iters=args.iters,
+                          progress=lambda m: print(m, file=sys.stderr, flush=True))
+    result["environment"] = environment()
+    if args.merge and out.exists():  # runs split over several calls: add rows, keep the rest
+        old = json.loads(out.read_text())
+        new_n = {r["n"] for r in result["rows"]}
+        result["rows"] = sorted([r for r in old["rows"] if r["n"] not in new_n] + result["rows"],
+                                key=lambda r: r["n"])
+    print_resnet_table(result)
+    write_json(out, result)
+    plot_resnet(result, out.with_suffix(".png"))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cutlass_ops", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -64,13 +87,21 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmark one fused conv layer against PyTorch baselines "
                                      "(CUDA events, medians); writes JSON")
-    b.add_argument("what", choices=["conv"], help="what to benchmark")
+    b.add_argument("what", choices=["conv", "resnet"],
+                   help="conv: one fused conv layer; resnet: FusedResNet vs eager, CUDA graph, "
+                        "TorchScript and torch.compile (writes JSON and a bar plot PNG)")
+    b.add_argument("--batch", type=int, nargs="+", default=[1, 32, 128, 512, 2048],
+                   help="resnet: batch sizes (default 1 32 128 512 2048)")
+    b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet: input channels")
+    b.add_argument("--systems", nargs="+", default=None, help="resnet: subset of systems to time")
+    b.add_argument("--merge", action="store_true",
+                   help="resnet: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--n", type=int, default=128, help="batch size (default 128)")
     b.add_argument("--c", type=int, default=64, help="input channels (default 64)")
     b.add_argument("--k", type=int, default=64, help="output channels (default 64)")
     b.add_argument("--hw", type=int, default=16, help="height = width (default 16)")
     b.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
-    b.add_argument("--iters", type=int, default=200, help="timed iterations (median reported)")
+    b.add_argument("--iters", type=int, default=100, help="timed iterations (median reported)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)

@@ -123,3 +123,159 @@ def print_table(result: dict) -> None:
     print(f"{'system':48s} {'median ms':>10s} {'TFLOP/s':>8s} {'vs fused':>9s}")
     for name, r in rows:
         print(f"{name:48s} {r['median_ms']:10.4f} {r['tflops']:8.1f} {r['median_ms'] / fused:8.2f}x")
+
+
+# ---- FusedResNet ------------------------------------------------------------------------------
+
+RESNET_SYSTEMS = ("FusedResNet", "FusedResNet graph=True", "eager NCHW",
+                  "eager channels_last + CUDA graph", "TorchScript NCHW", "torch.compile default",
+                  "torch.compile max-autotune")
+
+
+def resnet_work(n: int, in_channels: int = 3) -> dict:
+    """The network's MACs (downsample as avgpool + 1x1: the useful work), the MACs the
+    fused forward executes (downsample as a 3x3 conv: 9x that layer's), and the fewest
+    bytes the fused forward moves (fp16), per kernel: inputs read once, output written once."""
+    from .models import SEResNet9FixUp
+    model = SEResNet9FixUp(in_channels)
+    macs, executed, act_bytes = 0, 0, 0
+    # stem: s2d copy (read + write the input), 1x1 conv 16C->64 at 16x16
+    inp = n * in_channels * 64 * 64 * 2
+    act_bytes += 2 * inp
+    macs += n * 16 * 16 * 16 * in_channels * 64
+    act_bytes += inp + n * 64 * 16 * 16 * 2
+    hw, c = 16, 64
+    for layer in model.layers:
+        blk = layer[0]
+        k, s = blk.conv1.out_channels, blk.conv1.stride[0]
+        out_hw = hw // s
+        x_b, h_b = n * c * hw * hw * 2, n * k * out_hw * out_hw * 2
+        macs += n * out_hw * out_hw * k * c * 9 + n * out_hw * out_hw * k * k * 9
+        act_bytes += (x_b + h_b) + (h_b + h_b)  # conv1, conv2
+        if blk.downsample is not None:
+            macs += n * out_hw * out_hw * k * c
+            executed += n * out_hw * out_hw * k * c * 8  # run as a 3x3 conv with taps W/9
+            act_bytes += x_b + h_b
+        act_bytes += 2 * h_b + h_b  # se_gate reads h and identity, writes out (h read twice: +h_b)
+        hw, c = out_hw, k
+    weight_bytes = sum(p.numel() for p in model.parameters()) * 2
+    return {"macs": macs, "flops": 2 * macs, "executed_macs": macs + executed,
+            "bytes": act_bytes + weight_bytes}
+
+
+def count_kernels(fn) -> int:
+    """CUDA kernels launched by one call of fn (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "Memcpy" not in e.name and "Memset" not in e.name)
+
+
+def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_channels=3,
+                 systems=RESNET_SYSTEMS, iters=50, progress=print) -> dict:
+    from .fused_resnet import FusedResNet
+    from .models import SEResNet9FixUp
+    torch.manual_seed(0)
+    ref = SEResNet9FixUp(in_channels)
+    with torch.no_grad():  # random weights: FixUp's zero conv2 init would flatter every system
+        for name, p in ref.named_parameters():
+            if p.dim() == 4:
+                p.normal_(0, (2.0 / (p.shape[1] * p.shape[2] * p.shape[3])) ** 0.5)
+            elif "fixup" in name:
+                p.uniform_(0.2, 0.8)
+    ref = ref.cuda().to(dtype).eval()
+    ref_cl = SEResNet9FixUp(in_channels).cuda().to(dtype).eval().to(memory_format=torch.channels_last)
+    ref_cl.load_state_dict(ref.state_dict())
+    fused = FusedResNet.from_reference(ref).eval()
+    fused_graph = FusedResNet.from_reference(ref, graph=True).eval()
+    peak = {"tflops_dense_fp16_datasheet": 989.0,
+            "hbm_tb_s_datasheet": 4.8 if "H200" in torch.cuda.get_device_name() else 3.35}
+    rows = []
+    for n in batch_sizes:
+        x = torch.randn(n, in_channels, 64, 64, device="cuda", dtype=dtype)
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            want = ref(x).double()
+            got = fused(x).double()
+        rel = ((got - want).norm() / want.norm()).item()
+        work = resnet_work(n, in_channels)
+        row = {"n": n, "fused_vs_eager_rel_error": rel, "work": work,
+               "fused_kernels_per_forward": count_kernels(lambda: fused(x)), "results": {}}
+        for name in systems:
+            progress(f"  N={n}: {name} ...")
+            with torch.no_grad():
+                fn = _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl)
+                row["results"][name] = time_cuda(fn, warmup=5, iters=iters)
+        fused_ms = min(row["results"][s]["median_ms"] for s in ("FusedResNet", "FusedResNet graph=True")
+                       if s in row["results"])
+        row["fused_best_ms"] = fused_ms
+        row["fused_tflops"] = work["flops"] / (fused_ms * 1e-3) / 1e12
+        row["fused_tb_s"] = work["bytes"] / (fused_ms * 1e-3) / 1e12
+        row["fraction_of_tensor_peak"] = row["fused_tflops"] / peak["tflops_dense_fp16_datasheet"]
+        row["fraction_of_hbm_peak"] = row["fused_tb_s"] / peak["hbm_tb_s_datasheet"]
+        rows.append(row)
+        torch._dynamo.reset()
+    return {"dtype": str(dtype)[6:], "in_channels": in_channels, "peaks": peak, "rows": rows}
+
+
+def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
+    if name == "FusedResNet":
+        return lambda: fused(x)
+    if name == "FusedResNet graph=True":
+        return lambda: fused_graph(x)
+    if name == "eager NCHW":
+        return lambda: ref(x)
+    if name == "eager channels_last + CUDA graph":
+        return graphed(lambda: ref_cl(x_cl))
+    if name == "TorchScript NCHW":
+        ts = torch.jit.freeze(torch.jit.trace(ref, x))
+        return lambda: ts(x)
+    if name == "torch.compile default":
+        c = torch.compile(ref)
+        return lambda: c(x)
+    if name == "torch.compile max-autotune":
+        c = torch.compile(ref, mode="max-autotune")
+        return lambda: c(x)
+    raise ValueError(f"unknown system {name!r}; choose from {RESNET_SYSTEMS}")
+
+
+def print_resnet_table(result: dict) -> None:
+    systems = list(result["rows"][0]["results"])
+    print(f"FusedResNet benchmark, {result['dtype']}, C_in={result['in_channels']}: median ms (CUDA events)")
+    print(f"{'N':>5s} " + " ".join(f"{s[:22]:>22s}" for s in systems) + f" {'best/compile-MA':>15s}")
+    for row in result["rows"]:
+        r = row["results"]
+        ratio = ""
+        if "torch.compile max-autotune" in r:
+            ratio = f"{row['fused_best_ms'] / r['torch.compile max-autotune']['median_ms']:.2f}x"
+        print(f"{row['n']:5d} " + " ".join(f"{r[s]['median_ms']:22.4f}" for s in systems) + f" {ratio:>15s}")
+    for row in result["rows"]:
+        print(f"N={row['n']}: {row['fused_kernels_per_forward']} kernels/forward, "
+              f"{row['fused_tflops']:.0f} TFLOP/s ({100 * row['fraction_of_tensor_peak']:.1f}% of dense fp16 peak), "
+              f"{row['fused_tb_s']:.2f} TB/s ({100 * row['fraction_of_hbm_peak']:.1f}% of HBM peak), "
+              f"rel. error vs eager {row['fused_vs_eager_rel_error']:.1e}")
+
+
+def plot_resnet(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    systems = list(rows[0]["results"])
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 4.5), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        ms = [row["results"][s]["median_ms"] for s in systems]
+        colors = ["tab:green" if s.startswith("Fused") else "tab:gray" for s in systems]
+        ax.bar(range(len(systems)), ms, color=colors)
+        ax.set_xticks(range(len(systems)), systems, rotation=70, ha="right", fontsize=7)
+        ax.set_title(f"N={row['n']}")
+        ax.set_ylabel("ms (median)")
+    env = result.get("environment", {})
+    fig.suptitle(f"SE-ResNet9-FixUp forward, {result['dtype']}, {env.get('gpu', '')}, torch {env.get('torch', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}", file=sys.stderr)
