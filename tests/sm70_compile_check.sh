@@ -8,7 +8,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # Any Python with the nvidia-cutlass wheel (for its headers).
-PYTHON=${PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || echo python3)}
+PYTHON=${PYTHON:-python3}
 # An absolute path: /usr/local/bin/nvcc (CUDA 13) comes first on PATH.
 NVCC=${SM70_NVCC:-/usr/bin/nvcc}
 
