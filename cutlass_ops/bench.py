@@ -163,16 +163,26 @@ def resnet_work(n: int, in_channels: int = 3) -> dict:
             "bytes": act_bytes + weight_bytes}
 
 
-def count_kernels(fn) -> int:
-    """CUDA kernels launched by one call of fn (torch.profiler)."""
+def kernel_times(fn, repeat: int = 10) -> list[tuple[str, float]]:
+    """(kernel name, mean µs) in launch order, for one call of fn (torch.profiler over
+    `repeat` calls)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        for _ in range(repeat):
+            fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and "Memcpy" not in e.name and "Memset" not in e.name)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "Memcpy" not in e.name and "Memset" not in e.name]
+    per_call = len(kernels) // repeat
+    out = []
+    for i in range(per_call):
+        same = kernels[i::per_call]
+        name = same[0].name
+        name = name.split("<")[0] if "cutlass" not in name else name[:90]
+        out.append((name, sum(e.device_time for e in same) / len(same)))
+    return out
 
 
 def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_channels=3,
@@ -203,8 +213,10 @@ def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_ch
             got = fused(x).double()
         rel = ((got - want).norm() / want.norm()).item()
         work = resnet_work(n, in_channels)
+        breakdown = kernel_times(lambda: fused(x))
         row = {"n": n, "fused_vs_eager_rel_error": rel, "work": work,
-               "fused_kernels_per_forward": count_kernels(lambda: fused(x)), "results": {}}
+               "fused_kernels_per_forward": len(breakdown), "fused_kernel_us": breakdown,
+               "results": {}}
         for name in systems:
             progress(f"  N={n}: {name} ...")
             with torch.no_grad():
@@ -258,6 +270,10 @@ def print_resnet_table(result: dict) -> None:
               f"{row['fused_tflops']:.0f} TFLOP/s ({100 * row['fraction_of_tensor_peak']:.1f}% of dense fp16 peak), "
               f"{row['fused_tb_s']:.2f} TB/s ({100 * row['fraction_of_hbm_peak']:.1f}% of HBM peak), "
               f"rel. error vs eager {row['fused_vs_eager_rel_error']:.1e}")
+    row = max(result["rows"], key=lambda r: r["n"] == 128)
+    print(f"per-kernel device time of one FusedResNet forward, N={row['n']} (µs, torch.profiler):")
+    for name, us in row.get("fused_kernel_us", []):
+        print(f"  {us:8.1f}  {name}")
 
 
 def plot_resnet(result: dict, path: Path) -> None:

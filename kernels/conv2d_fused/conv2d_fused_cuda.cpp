@@ -27,10 +27,11 @@ at::Tensor as_float_vector(at::Tensor const& t) {
   return f;
 }
 
-int device_cc(int device) {
-  cudaDeviceProp prop;
-  C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  return prop.major * 10 + prop.minor;
+// cudaDeviceGetAttribute is cheap (cudaGetDeviceProperties is not): fine per call.
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
 }
 
 }  // namespace
@@ -81,7 +82,10 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   a.relu = relu;
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
-  LaunchResult r = launch(a, device_cc(input.device().index()), stream);
+  int dev = input.device().index();
+  int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, dev) +
+           device_attribute(cudaDevAttrComputeCapabilityMinor, dev);
+  LaunchResult r = launch(a, cc, device_attribute(cudaDevAttrMultiProcessorCount, dev), stream);
   if (r.kernel == nullptr) {
     TORCH_WARN_ONCE("cutlass_ops.conv2d_fused: no generated kernel fits (", r.why_not,
                     "); using the slower ATen composite. Channel counts that are multiples "

@@ -1,6 +1,8 @@
 #include "conv2d_fused/conv2d_fused_dispatch.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace cutlass_ops {
 namespace conv2d_fused {
@@ -25,32 +27,50 @@ int channel_alignment(Conv2dFusedArgs const& a) {
   return 1;
 }
 
+void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms) {
+  // Tiles that give every SM a CTA first, largest tile first (fewer re-reads of A and B);
+  // then the rest, most CTAs first.  Stable: equal tiles keep the table's (profile) order.
+  std::stable_sort(candidates.begin(), candidates.end(), [num_sms](Candidate const& x, Candidate const& y) {
+    bool fx = x.ctas >= num_sms, fy = y.ctas >= num_sms;
+    if (fx != fy) return fx;
+    if (fx) return x.entry->tile_m * x.entry->tile_n > y.entry->tile_m * y.entry->tile_n;
+    return x.ctas > y.ctas;
+  });
+}
+
 int family_for_device(int cc) {
   if (cc >= 80) return 80;
   if (cc >= 70) return 70;
   return 0;
 }
 
-LaunchResult launch(Conv2dFusedArgs const& a, int cc, cudaStream_t stream) {
+LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream) {
   LaunchResult result;
   int family = family_for_device(cc);
   int max_align = channel_alignment(a);
+  long long const gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
   // Any alignment that divides the widest one also fits, so a build without (say) the
   // alignment-4 kernels still runs C=12 through the alignment-2 or -1 kernels.
   for (int align = max_align; align >= 1; align /= 2) {
+    std::vector<Candidate> candidates;
     for (int i = 0; i < kNumKernels; ++i) {
       KernelEntry const& e = kKernels[i];
       if (e.run == nullptr || e.family != family || e.dtype != a.dtype || e.alignment != align) continue;
       if (e.max_out_channels != 0 && a.K > e.max_out_channels) continue;
-      cutlass::Status status = e.run(a, stream);
+      long long ctas = ((gemm_m + e.tile_m - 1) / e.tile_m) * ((a.K + e.tile_n - 1) / e.tile_n);
+      candidates.push_back({&e, ctas});
+    }
+    order_by_occupancy(candidates, num_sms);
+    for (Candidate const& c : candidates) {
+      cutlass::Status status = c.entry->run(a, stream);
       // kErrorInternal is a failed launch, not a kernel that does not fit: report it.
       if (status == cutlass::Status::kSuccess || status == cutlass::Status::kErrorInternal) {
-        result.kernel = &e;
+        result.kernel = c.entry;
         result.status = status;
         return result;
       }
       result.status = status;
-      result.why_not += std::string(e.name) + ": " + cutlassGetStatusString(status) + "; ";
+      result.why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
     }
   }
   if (result.why_not.empty()) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "cutlass/cutlass.h"
 #include "conv2d_fused/conv2d_fused_args.h"
@@ -34,17 +35,26 @@ int channel_alignment(Conv2dFusedArgs const& a);
 // sm70..sm75, 0 when none applies.
 int family_for_device(int cc);
 
+struct Candidate {
+  KernelEntry const* entry;
+  long long ctas;  // threadblocks this kernel would launch for the problem
+};
+
+// The order the dispatcher tries kernels of equal fit in (see the .cpp); exposed for tests.
+void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms);
+
 struct LaunchResult {
   KernelEntry const* kernel = nullptr;   // the kernel that ran, or null
   cutlass::Status status = cutlass::Status::kErrorNotSupported;
   std::string why_not;                   // when kernel is null: what every candidate said
 };
 
-// Runs the first table entry that fits `a` on a device of compute capability `cc`, trying
-// the widest channel alignment the tensors allow first.
+// Runs the best table entry that fits `a` on a device of compute capability `cc` with
+// `num_sms` multiprocessors: the widest channel alignment the tensors allow first, then
+// by occupancy (order_by_occupancy).
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).
 // A launch that failed returns its kernel with status kErrorInternal.
-LaunchResult launch(Conv2dFusedArgs const& a, int cc, cudaStream_t stream);
+LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream);
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

@@ -26,7 +26,7 @@ at::Tensor se_gate_cuda(at::Tensor const& h, at::Tensor const& identity, at::Ten
   int64_t C = h.size(1), R = w1.size(0);
   at::Tensor hc = h.contiguous(at::MemoryFormat::ChannelsLast);
   at::Tensor ic = identity.contiguous(at::MemoryFormat::ChannelsLast);
-  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 &&
+  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
                      aligned16(hc) && aligned16(ic) && h.numel() < INT32_MAX;
   if (!kernel_fits) {
     return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias);

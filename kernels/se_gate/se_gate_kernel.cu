@@ -56,29 +56,31 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   T const* idn = static_cast<T const*>(a.identity) + base;
   T* out = static_cast<T*>(a.out) + base;
   int const groups = a.HW * a.C / kVec;
-
-  for (int c = tid; c < a.C; c += kThreads) sums[c] = 0.f;
-  __syncthreads();
-
-  // Squeeze: each thread sums 8 channels at a time.  When kThreads*8 is a multiple of C
-  // (all power-of-two C <= 2048) a thread's channels never change, so it flushes once.
+  // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
+  // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
+  // strides over pixels; the per-thread partials are then summed in a fixed order.
   {
+    int const G = a.C / kVec;
+    int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
+    int const g = tid % G, row0 = tid / G;
     float acc[kVec] = {};
-    int cur = -1;
-    for (int i = tid; i < groups; i += kThreads) {
-      int c0 = (i * kVec) % a.C;
-      if (c0 != cur) {
-        if (cur >= 0)
-          for (int j = 0; j < kVec; ++j) { atomicAdd(&sums[cur + j], acc[j]); acc[j] = 0.f; }
-        cur = c0;
-      }
-      float v[kVec];
-      load8(h + size_t(i) * kVec, v);
+    if (row0 < rows_per_pass) {
+      for (int p = row0; p < a.HW; p += rows_per_pass) {
+        float v[kVec];
+        load8(h + (size_t(p) * a.C + g * kVec), v);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] += v[j];
+        for (int j = 0; j < kVec; ++j) acc[j] += v[j];
+      }
     }
-    if (cur >= 0)
-      for (int j = 0; j < kVec; ++j) atomicAdd(&sums[cur + j], acc[j]);
+    float* partial = smem + a.C + a.R;  // [kThreads][kVec], after sums and hidden
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) partial[tid * kVec + j] = acc[j];
+    __syncthreads();
+    for (int c = tid; c < a.C; c += kThreads) {
+      float s = 0.f;
+      for (int r = 0; r < rows_per_pass; ++r) s += partial[(r * G + c / kVec) * kVec + c % kVec];
+      sums[c] = s;
+    }
   }
   __syncthreads();
 
@@ -120,7 +122,9 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
 
 }  // namespace
 
-size_t se_gate_smem_bytes(int C, int R) { return sizeof(float) * (C + R); }
+size_t se_gate_smem_bytes(int C, int R) { return sizeof(float) * (C + R + kThreads * kVec); }
+
+int se_gate_max_channels() { return kThreads * kVec; }
 
 cudaError_t launch_se_gate(SeGateArgs const& a, cudaStream_t stream) {
   size_t smem = se_gate_smem_bytes(a.C, a.R);

@@ -28,7 +28,10 @@ struct SeGateArgs {
 // Shared memory the kernel needs (bytes); the op checks it against the device limit.
 size_t se_gate_smem_bytes(int C, int R);
 
-// Requirements: C % 8 == 0 and 16-byte aligned h/identity/out (the op checks and falls
+// Largest C the kernel takes (one thread per 8 channels of a pixel).
+int se_gate_max_channels();
+
+// Requirements: C % 8 == 0, C <= se_gate_max_channels() and 16-byte aligned h/identity/out (the op checks and falls
 // back to ATen otherwise).  Returns the launch's cudaError.
 cudaError_t launch_se_gate(SeGateArgs const& a, cudaStream_t stream);
 

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in instance_keys(args.archs, args.kernels):
         tiles, origin = select_tiles(key, args.profiles)
         if args.kernels == "ci":
-            tiles = tiles[-1:]  # the catch-all tile (max_out_channels 0) only
+            tiles = [t for t in tiles if t.max_out_channels == 0][-1:]  # one catch-all tile
         for tile in tiles:
             inst, text = emit_instance(key, tile, origin)
             instances.append(inst)

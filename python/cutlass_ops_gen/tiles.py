@@ -1,8 +1,8 @@
 """Tile shapes per instance key: measured winners from profiles/, else documented defaults.
 
-Defaults (chosen for the ResNet-style convs this project targets, GEMM N = 64..512):
-  family 80, alignment >= 2 : 128x64x32 4-stage (used when output channels <= 64)
-                              128x128x32 3-stage (everything else)
+Defaults (for the ResNet-style convs this project targets, GEMM N = 64..512; the
+dispatcher picks among them by occupancy, see conv2d_fused_dispatch.cpp):
+  family 80, alignment >= 2 : 128x128x32 3-stage, 128x64x32 4-stage, 64x64x64 4-stage
   family 80, alignment 1    : 64x64x32 2-stage analytic iterators (cp.async cannot copy
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
@@ -42,8 +42,8 @@ def default_tiles(key: InstanceKey) -> list[Tile]:
                 Tile((128, 128, 32), (2, 2, 1), 2)]
     if key.alignment == 1:
         return [Tile((64, 64, 32), (2, 2, 1), 2, iterator="analytic")]
-    return [Tile((128, 64, 32), (2, 2, 1), 4, max_out_channels=64),
-            Tile((128, 128, 32), (2, 2, 1), 3)]
+    return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((128, 64, 32), (2, 2, 1), 4),
+            Tile((64, 64, 64), (2, 2, 1), 4)]
 
 
 class ProfileError(ValueError):

@@ -39,7 +39,7 @@ struct Case {
 };
 
 // Returns true when the kernel output matches; prints the case, the kernel and the errors.
-bool run_case(Case const& c, int cc, std::mt19937& rng) {
+bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
   using Element = cutlass::half_t;
   using Layout = cutlass::layout::TensorNHWC;
   int P = (c.H + 2 * c.pad - c.R) / c.stride + 1, Q = (c.W + 2 * c.pad - c.S) / c.stride + 1;
@@ -72,7 +72,7 @@ bool run_case(Case const& c, int cc, std::mt19937& rng) {
   a.bias = c.bias ? to_device(bias) : nullptr;
   a.relu = c.relu;
 
-  LaunchResult r = launch(a, cc, nullptr);
+  LaunchResult r = launch(a, cc, sms, nullptr);
   if (!r.kernel || r.status != cutlass::Status::kSuccess) {
     std::printf("FAIL no kernel ran: %s\n", r.why_not.c_str());
     return false;
@@ -130,7 +130,7 @@ int main() {
       {5, 7, 7, 24, 40, 1, 1, 0, 1, false, true, true},     // 1x1
   };
   int failed = 0;
-  for (auto const& c : cases) failed += !run_case(c, cc, rng);
+  for (auto const& c : cases) failed += !run_case(c, cc, prop.multiProcessorCount, rng);
   std::printf("%d passed, %d failed\n", int(sizeof(cases) / sizeof(cases[0])) - failed, failed);
   return failed ? 1 : 0;
 }

@@ -53,7 +53,7 @@ def test_instance_keys_ci_is_small_and_volta_is_f16_align8():
 def test_names_are_unique_and_carry_op_dtype_alignment():
     names = [kernel_name(k, t) for k in instance_keys([70, 80], "all") for t in default_tiles(k)]
     assert len(names) == len(set(names))
-    assert kernel_name(KEY, default_tiles(KEY)[0]) == "cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_o_align8"
+    assert kernel_name(KEY, default_tiles(KEY)[1]) == "cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_o_align8"
 
 
 def test_emitted_instance_uses_broadcast_kernel_and_our_epilogue():
