@@ -6,14 +6,16 @@ the forward differs.  Per forward (17 kernels):
   space-to-depth layout copy            input NCHW -> (N, 16C, H/4, W/4) channels_last
   stem      conv2d_fused 1x1 + ReLU,    epilogue also adds block 0's fixup_bias1a
   per block conv1  conv2d_fused 3x3:    relu(acc + b1b) + b2a     (= conv2's padded input)
-            downsample (blocks 1-3):    avgpool3x3/s2 + 1x1 conv as one 3x3/s2 conv, taps W/9
+            downsample (blocks 1-3):    conv2d_fused 1x1 on the pooled map the previous
+                                        block's se_gate wrote (AvgPool2d(3, 2, 1) fused there)
             conv2  conv2d_fused 3x3:    acc * scale + b2b
             se_gate (one CTA/image):    squeeze, excite MLP, h*g + identity, ReLU,
-                                        + the next block's fixup_bias1a
+                                        + the next block's fixup_bias1a, + its avgpool
 
-Not fused yet (measured in the benchmark; see README): conv1 and the downsample read the
-same input in two GEMMs, the squeeze re-reads conv2's output instead of being summed in
-its epilogue, and the excite MLP is a plain loop in se_gate, not a CUTLASS B2B GEMM.
+Small-M convs (late blocks, small batches) split K serially across threadblocks.
+Not fused yet (see README): the squeeze re-reads conv2's output instead of being summed in
+its epilogue, the excite MLP is a plain loop in se_gate (not a CUTLASS B2B GEMM), and the
+space-to-depth layout copy is its own kernel.
 """
 from __future__ import annotations
 
@@ -102,13 +104,6 @@ class FusedResNet(SEResNet9FixUp):
             self._derived[name] = hit
         return hit[1]
 
-    def _downsample_weight(self, i: int, blk: SEFixupBasicBlock) -> torch.Tensor:
-        # AvgPool2d(3, 2, 1, count_include_pad=True) then a 1x1 conv == a 3x3 stride-2 pad-1
-        # conv whose every tap is W / 9.
-        w = blk.downsample[1].weight
-        return self._cached(f"ds{i}", w, lambda t: (t / 9).expand(-1, -1, 3, 3)
-                            .contiguous(memory_format=torch.channels_last))
-
     # -- forward ---------------------------------------------------------------------------
     def _check_input(self, x: torch.Tensor) -> None:
         w = self.stem[1].weight
@@ -132,6 +127,7 @@ class FusedResNet(SEResNet9FixUp):
         # is the stem output itself, recovered in se_gate as xa + (-b1a).
         xa = conv2d_fused(s2d, self.stem[1].weight, relu=True, post_bias=b1a0)
         neg_b1a0 = self._cached("neg_b1a0", b1a0, lambda t: -t)
+        pooled = None
         for i, blk in enumerate(blocks):
             stride = blk.conv1.stride[0]
             h = conv2d_fused(xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None, stride, 1,
@@ -141,11 +137,15 @@ class FusedResNet(SEResNet9FixUp):
             if blk.downsample is None:
                 identity, identity_bias = xa, neg_b1a0
             else:
-                identity = conv2d_fused(xa, self._downsample_weight(i, blk), None, None, stride, 1)
+                # AvgPool2d(3, 2, 1) of xa came from the previous se_gate; here the 1x1 conv.
+                identity = conv2d_fused(pooled, blk.downsample[1].weight)
                 identity_bias = None
-            next_b1a: Optional[torch.Tensor] = blocks[i + 1].fixup_bias1a if i + 1 < len(blocks) else None
+            nxt = blocks[i + 1] if i + 1 < len(blocks) else None
             fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
-            xa = se_gate(h, identity, fc1.weight, fc1.bias, fc2.weight, fc2.bias, identity_bias, next_b1a)
+            pool_next = nxt is not None and nxt.downsample is not None
+            result = se_gate(h, identity, fc1.weight, fc1.bias, fc2.weight, fc2.bias, identity_bias,
+                             nxt.fixup_bias1a if nxt is not None else None, avgpool=pool_next)
+            xa, pooled = result if pool_next else (result, None)
         return xa
 
     def _graphed(self, x: torch.Tensor) -> torch.Tensor:

@@ -79,23 +79,32 @@ def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post
 
 def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
             fc1_bias: torch.Tensor, fc2_weight: torch.Tensor, fc2_bias: torch.Tensor,
-            identity_bias: Scalar = None, post_bias: Scalar = None) -> torch.Tensor:
+            identity_bias: Scalar = None, post_bias: Scalar = None, avgpool: bool = False):
     """Squeeze-excitation gate joined with the residual, one kernel per call:
 
-        g   = sigmoid(fc2(relu(fc1(mean_hw(h)))))          # nn.Linear weight layouts
-        out = relu(h * g[:, :, None, None] + identity + identity_bias) + post_bias
+        g      = sigmoid(fc2(relu(fc1(mean_hw(h)))))          # nn.Linear weight layouts
+        out    = relu(h * g[:, :, None, None] + identity + identity_bias) + post_bias
+        pooled = avg_pool2d(out, 3, 2, 1, count_include_pad=True)   # if avgpool
 
     h, identity: (N, C, H, W) fp16/bf16 (channels_last); the excite weights in any float
-    dtype (float32 keeps them exact).  One CTA per image; C % 8 == 0 runs the CUDA
-    kernel, other shapes the ATen composite.  Returns channels_last.
+    dtype (float32 keeps them exact).  One CTA per image; C % 8 == 0 and C <= 2048 run the
+    CUDA kernel, other shapes the ATen composite.  Returns ``out`` (channels_last), or
+    ``(out, pooled)`` when ``avgpool``: the pooled map feeds a ResNet downsample.
     """
-    return torch.ops.cutlass_ops.se_gate(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
-                                         _as_tensor(identity_bias, h), _as_tensor(post_bias, h))
+    out, pooled = torch.ops.cutlass_ops.se_gate(
+        h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, _as_tensor(identity_bias, h),
+        _as_tensor(post_bias, h), bool(avgpool))
+    return (out, pooled) if avgpool else out
 
 
 @torch.library.register_fake("cutlass_ops::se_gate")
 def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, identity_bias=None,
-                  post_bias=None):
+                  post_bias=None, avgpool=False):
     torch._check(h.dim() == 4, lambda: "se_gate: h must be 4-D")
     torch._check(identity.shape == h.shape, lambda: "se_gate: identity shape differs from h")
-    return torch.empty_like(h, memory_format=torch.channels_last)
+    out = torch.empty_like(h, memory_format=torch.channels_last)
+    if not avgpool:
+        return out, h.new_empty((0,))
+    n, c, hh, ww = h.shape
+    pooled = h.new_empty((n, c, (hh + 1) // 2, (ww + 1) // 2)).contiguous(memory_format=torch.channels_last)
+    return out, pooled

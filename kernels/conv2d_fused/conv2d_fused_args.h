@@ -26,6 +26,11 @@ struct Conv2dFusedArgs {
   float const* scale;            // device scalar, or null (1)
   float const* post_bias;        // device scalar, or null (0)
   bool relu;
+  // Set by the dispatcher: serial split-K over the GEMM K dimension (R*S*C) when the
+  // output alone gives too few threadblocks.  The workspace holds its semaphores.
+  int split_k_slices = 1;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 }  // namespace conv2d_fused

@@ -80,6 +80,11 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   a.scale = scale_f.defined() ? scale_f.data_ptr<float>() : nullptr;
   a.post_bias = post_bias_f.defined() ? post_bias_f.data_ptr<float>() : nullptr;
   a.relu = relu;
+  // Semaphores for serial split-K: one int per output tile (the dispatcher only splits
+  // when there are fewer tiles than SMs).
+  at::Tensor workspace = at::empty({4096}, input.options().dtype(at::kInt));
+  a.workspace = workspace.data_ptr();
+  a.workspace_bytes = workspace.nbytes();
 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
   int dev = input.device().index();
@@ -96,7 +101,8 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
               " failed to launch: ", cudaGetErrorString(cudaGetLastError()),
               " (was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  last_kernel_slot() = r.kernel->name;
+  last_kernel_slot() = std::string(r.kernel->name) +
+                      (r.split_k_slices > 1 ? " split_k=" + std::to_string(r.split_k_slices) : "");
   return output;
 }
 

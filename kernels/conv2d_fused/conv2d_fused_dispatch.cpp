@@ -38,6 +38,16 @@ void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms) {
   });
 }
 
+int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int num_sms) {
+  // Split only when the output tiles leave SMs idle, never with a residual (the epilogue's
+  // source slot carries the partial sums), and keep >= 4 K-iterations per slice.
+  if (a.residual != nullptr || ctas >= num_sms) return 1;
+  long long k_iterations = (static_cast<long long>(a.R) * a.S * a.C + e.tile_k - 1) / e.tile_k;
+  long long slices = std::min<long long>({num_sms / ctas, k_iterations / 4, 16});
+  if (slices < 2 || static_cast<size_t>(ctas) * sizeof(int) > a.workspace_bytes) return 1;
+  return static_cast<int>(slices);
+}
+
 int family_for_device(int cc) {
   if (cc >= 80) return 80;
   if (cc >= 70) return 70;
@@ -62,11 +72,14 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
     }
     order_by_occupancy(candidates, num_sms);
     for (Candidate const& c : candidates) {
-      cutlass::Status status = c.entry->run(a, stream);
+      Conv2dFusedArgs args = a;
+      args.split_k_slices = split_k_slices(a, *c.entry, c.ctas, num_sms);
+      cutlass::Status status = c.entry->run(args, stream);
       // kErrorInternal is a failed launch, not a kernel that does not fit: report it.
       if (status == cutlass::Status::kSuccess || status == cutlass::Status::kErrorInternal) {
         result.kernel = c.entry;
         result.status = status;
+        result.split_k_slices = args.split_k_slices;
         return result;
       }
       result.status = status;

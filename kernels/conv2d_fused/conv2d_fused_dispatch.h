@@ -43,8 +43,12 @@ struct Candidate {
 // The order the dispatcher tries kernels of equal fit in (see the .cpp); exposed for tests.
 void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms);
 
+// Serial split-K slices for kernel `e` on `a` (1 = no split); see the .cpp.
+int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int num_sms);
+
 struct LaunchResult {
   KernelEntry const* kernel = nullptr;   // the kernel that ran, or null
+  int split_k_slices = 1;
   cutlass::Status status = cutlass::Status::kErrorNotSupported;
   std::string why_not;                   // when kernel is null: what every candidate said
 };

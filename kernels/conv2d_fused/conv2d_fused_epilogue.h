@@ -1,5 +1,10 @@
 // Epilogue functor of the fused conv: z = act(scale * acc + bias[k] + bias_s + residual) + post_bias.
 //
+// Serial split-K: every K-partition but the last stores its raw partial sum (it reads the
+// previous partition's from D as its source); the last one applies the epilogue to the
+// full sum.  The source slot then carries partial sums, so split-K excludes a residual
+// (the dispatcher never combines them).
+//
 // It plugs into CUTLASS's EpilogueWithBroadcast (DefaultConv2dFpropWithBroadcast): the
 // broadcast vector is the per-channel bias, the source tensor C is the residual.  The
 // scalars are read from device memory when the functor is built (once per thread), so
@@ -62,6 +67,8 @@ class FusedConvEpilogue {
   ElementCompute post_bias_;
   bool relu_;
   bool has_residual_;
+  int k_partition_ = 0;
+  int k_partitions_ = 1;
 
  public:
   CUTLASS_HOST_DEVICE
@@ -72,34 +79,47 @@ class FusedConvEpilogue {
         relu_(p.relu),
         has_residual_(p.has_residual) {}
 
-  CUTLASS_HOST_DEVICE bool is_source_needed() const { return has_residual_; }
+  CUTLASS_HOST_DEVICE bool is_source_needed() const { return has_residual_ || k_partition_ > 0; }
 
-  // Serial split-K would apply the epilogue per partition; the dispatcher never splits K.
-  CUTLASS_HOST_DEVICE void set_k_partition(int, int) {}
-
-  // With residual.
-  CUTLASS_HOST_DEVICE
-  void operator()(FragmentZ& frag_Z, FragmentT&, FragmentAccumulator const& AB,
-                  FragmentC const& residual, FragmentCompute const& bias) const {
-    cutlass::NumericArrayConverter<ElementCompute, ElementC, kCount> to_compute;
-    FragmentCompute r = to_compute(residual);
-    apply(frag_Z, AB, bias, &r);
+  CUTLASS_HOST_DEVICE void set_k_partition(int k_partition, int k_partitions) {
+    k_partition_ = k_partition;
+    k_partitions_ = k_partitions;
   }
 
-  // Without residual.
+  // With a source: the residual, or (split-K, partition > 0) the partial sum so far.
+  CUTLASS_HOST_DEVICE
+  void operator()(FragmentZ& frag_Z, FragmentT&, FragmentAccumulator const& AB,
+                  FragmentC const& source, FragmentCompute const& bias) const {
+    cutlass::NumericArrayConverter<ElementCompute, ElementC, kCount> to_compute;
+    cutlass::NumericArrayConverter<ElementCompute, ElementAccumulator, kCount> acc_to_compute;
+    FragmentCompute src = to_compute(source);
+    FragmentCompute acc = acc_to_compute(AB);
+    if (k_partition_ > 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kCount; ++i) acc[i] += src[i];
+      finish(frag_Z, acc, bias, nullptr);
+    } else {
+      finish(frag_Z, acc, bias, &src);
+    }
+  }
+
+  // Without a source.
   CUTLASS_HOST_DEVICE
   void operator()(FragmentZ& frag_Z, FragmentT&, FragmentAccumulator const& AB,
                   FragmentCompute const& bias) const {
-    apply(frag_Z, AB, bias, nullptr);
+    cutlass::NumericArrayConverter<ElementCompute, ElementAccumulator, kCount> acc_to_compute;
+    finish(frag_Z, acc_to_compute(AB), bias, nullptr);
   }
 
  private:
   CUTLASS_HOST_DEVICE
-  void apply(FragmentZ& frag_Z, FragmentAccumulator const& AB, FragmentCompute const& bias,
-             FragmentCompute const* residual) const {
-    cutlass::NumericArrayConverter<ElementCompute, ElementAccumulator, kCount> acc_to_compute;
+  void finish(FragmentZ& frag_Z, FragmentCompute const& acc, FragmentCompute const& bias,
+              FragmentCompute const* residual) const {
     cutlass::NumericArrayConverter<ElementZ, ElementCompute, kCount> to_output;
-    FragmentCompute acc = acc_to_compute(AB);
+    if (k_partition_ + 1 < k_partitions_) {  // not the last K-partition: store the partial sum
+      frag_Z = to_output(acc);
+      return;
+    }
     FragmentCompute z;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kCount; ++i) {

@@ -30,7 +30,7 @@ typename cutlass::conv::device::ImplicitGemmConvolution<Kernel>::Arguments make_
 
   cutlass::conv::Conv2dProblemSize problem(
       a.N, a.H, a.W, a.C, a.K, a.R, a.S, a.P, a.Q, a.pad_h, a.pad_w, a.stride_h, a.stride_w,
-      /*dilation*/ 1, 1, cutlass::conv::Mode::kCrossCorrelation, /*split_k_slices*/ 1);
+      /*dilation*/ 1, 1, cutlass::conv::Mode::kCrossCorrelation, a.split_k_slices);
 
   cutlass::TensorRef<ElementA, LayoutA> ref_a(
       static_cast<ElementA*>(const_cast<void*>(a.input)), LayoutA::packed({a.N, a.H, a.W, a.C}));
@@ -58,8 +58,9 @@ cutlass::Status run_instance(Conv2dFusedArgs const& a, cudaStream_t stream) {
   auto arguments = make_arguments<Kernel>(a);
   cutlass::Status status = Conv::can_implement(arguments);
   if (status != cutlass::Status::kSuccess) return status;
+  if (Conv::get_workspace_size(arguments) > a.workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
   Conv op;
-  status = op.initialize(arguments, /*workspace*/ nullptr, stream);
+  status = op.initialize(arguments, a.workspace, stream);
   if (status != cutlass::Status::kSuccess) return status;
   return op(stream);
 }

@@ -17,10 +17,10 @@ bool aligned16(at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.
 at::Tensor as_float(at::Tensor const& t) { return t.to(at::kFloat).contiguous(); }
 }  // namespace
 
-at::Tensor se_gate_cuda(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
-                        at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                        c10::optional<at::Tensor> const& identity_bias,
-                        c10::optional<at::Tensor> const& post_bias) {
+std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
+    at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
+    at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
+    c10::optional<at::Tensor> const& post_bias, bool avgpool) {
   check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias);
   auto dtype = h.scalar_type();
   int64_t C = h.size(1), R = w1.size(0);
@@ -29,26 +29,29 @@ at::Tensor se_gate_cuda(at::Tensor const& h, at::Tensor const& identity, at::Ten
   bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
                      aligned16(hc) && aligned16(ic) && h.numel() < INT32_MAX;
   if (!kernel_fits) {
-    return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias);
+    return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool);
   }
   c10::cuda::CUDAGuard guard(h.device());
-  auto out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::ChannelsLast));
-  if (out.numel() == 0) return out;
+  auto cl = h.options().memory_format(at::MemoryFormat::ChannelsLast);
+  auto out = at::empty(h.sizes(), cl);
+  auto pooled = avgpool ? at::empty(pooled_shape(h), cl) : at::empty({0}, h.options());
+  if (out.numel() == 0) return {out, pooled};
   at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
   at::Tensor idb = identity_bias ? as_float(*identity_bias) : at::Tensor();
   at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
 
   SeGateArgs a{};
   a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
-  a.N = h.size(0); a.HW = h.size(2) * h.size(3); a.C = C; a.R = R;
+  a.N = h.size(0); a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
   a.h = hc.data_ptr(); a.identity = ic.data_ptr(); a.out = out.data_ptr();
+  a.pooled = avgpool ? pooled.data_ptr() : nullptr;
   a.w1 = w1f.data_ptr<float>(); a.b1 = b1f.data_ptr<float>();
   a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
   a.identity_bias = idb.defined() ? idb.data_ptr<float>() : nullptr;
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
   cudaError_t err = launch_se_gate(a, c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
-  return out;
+  return {out, pooled};
 }
 
 }  // namespace se_gate

@@ -51,11 +51,12 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   float* hidden = smem + a.C;  // [R]
   int const n = blockIdx.x;
   int const tid = threadIdx.x;
-  size_t const base = size_t(n) * a.HW * a.C;
+  int const HW = a.H * a.W;
+  size_t const base = size_t(n) * HW * a.C;
   T const* h = static_cast<T const*>(a.h) + base;
   T const* idn = static_cast<T const*>(a.identity) + base;
   T* out = static_cast<T*>(a.out) + base;
-  int const groups = a.HW * a.C / kVec;
+  int const groups = HW * a.C / kVec;
   // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
   // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
   // strides over pixels; the per-thread partials are then summed in a fixed order.
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
     int const g = tid % G, row0 = tid / G;
     float acc[kVec] = {};
     if (row0 < rows_per_pass) {
-      for (int p = row0; p < a.HW; p += rows_per_pass) {
+      for (int p = row0; p < HW; p += rows_per_pass) {
         float v[kVec];
         load8(h + (size_t(p) * a.C + g * kVec), v);
 #pragma unroll
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   __syncthreads();
 
   // Excite, first Linear + ReLU: one warp per hidden unit, lanes over channels.
-  float const inv_hw = 1.f / a.HW;
+  float const inv_hw = 1.f / HW;
   int const warp = tid / 32, lane = tid % 32;
   for (int r = warp; r < a.R; r += kThreads / 32) {
     float dot = 0.f;
@@ -95,11 +96,14 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   }
   __syncthreads();
 
-  // Second Linear + sigmoid: one thread per channel; the gate overwrites the sums.
-  for (int c = tid; c < a.C; c += kThreads) {
-    float dot = a.b2[c];
-    for (int r = 0; r < a.R; ++r) dot += a.w2[size_t(c) * a.R + r] * hidden[r];
-    sums[c] = 1.f / (1.f + __expf(-dot));
+  // Second Linear + sigmoid: one warp per channel, lanes over the hidden units, so the
+  // rows of W2 are read coalesced.  The gate overwrites the sums.
+  __syncthreads();  // (all reads of sums above are done)
+  for (int c = warp; c < a.C; c += kThreads / 32) {
+    float dot = 0.f;
+    for (int r = lane; r < a.R; r += 32) dot += a.w2[size_t(c) * a.R + r] * hidden[r];
+    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) sums[c] = 1.f / (1.f + __expf(-(dot + a.b2[c])));
   }
   __syncthreads();
 
@@ -117,6 +121,32 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
       o[j] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
     }
     store8(out + size_t(i) * kVec, o);
+  }
+  if (a.pooled == nullptr) return;
+
+  // AvgPool2d(3, 2, 1, count_include_pad=True) of this image's (rounded) output, read back
+  // from global memory: a block's own writes are visible to it after __syncthreads.
+  __syncthreads();
+  int const PH = (a.H + 1) / 2, PW = (a.W + 1) / 2, G = a.C / kVec;
+  T* pooled = static_cast<T*>(a.pooled) + size_t(n) * PH * PW * a.C;
+  for (int i = tid; i < PH * PW * G; i += kThreads) {
+    int g = i % G, q = (i / G) % PW, p = i / G / PW;
+    float acc[kVec] = {};
+    for (int dy = -1; dy <= 1; ++dy) {
+      int y = 2 * p + dy;
+      if (y < 0 || y >= a.H) continue;
+      for (int dx = -1; dx <= 1; ++dx) {
+        int x = 2 * q + dx;
+        if (x < 0 || x >= a.W) continue;
+        float v[kVec];
+        load8(out + (size_t(y) * a.W + x) * a.C + g * kVec, v);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[j] += v[j];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[j] *= 1.f / 9.f;
+    store8(pooled + size_t(i) * kVec, acc);
   }
 }
 

@@ -2,7 +2,10 @@
 //   s   = mean_hw(h[n])                          (squeeze)
 //   g   = sigmoid(W2 relu(W1 s + b1) + b2)       (excite: the two Linear layers)
 //   out = relu(h * g + identity + identity_bias) + post_bias
-// h, identity, out: NHWC (channels_last) fp16/bf16; W1 (R, C), W2 (C, R), biases float32.
+//   pooled = avg_pool2d(out, 3, stride 2, pad 1, count_include_pad)   (optional)
+// h, identity, out, pooled: NHWC (channels_last) fp16/bf16; W1 (R, C), W2 (C, R), biases
+// float32.  The pooled map is the next block's downsample input: the CTA that wrote an
+// image's `out` pools it while it is still in L1/L2, so no separate pooling pass.
 // No torch here: the op entry point (se_gate_cuda.cpp) calls launch_se_gate.
 #pragma once
 
@@ -15,10 +18,11 @@ enum class DType { kF16, kBF16 };
 
 struct SeGateArgs {
   DType dtype;
-  int N, HW, C, R;               // R = C / reduction (hidden width of the excite MLP)
+  int N, H, W, C, R;             // R = C / reduction (hidden width of the excite MLP)
   void const* h;
   void const* identity;
   void* out;
+  void* pooled;                      // [N, (H+1)/2, (W+1)/2, C], or null: no pooling
   float const* w1; float const* b1;  // (R, C), (R)
   float const* w2; float const* b2;  // (C, R), (C)
   float const* identity_bias;        // device scalar or null

@@ -46,10 +46,10 @@ void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor co
   }
 }
 
-at::Tensor se_gate_aten(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
-                        at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                        c10::optional<at::Tensor> const& identity_bias,
-                        c10::optional<at::Tensor> const& post_bias) {
+std::tuple<at::Tensor, at::Tensor> se_gate_aten(
+    at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
+    at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
+    c10::optional<at::Tensor> const& post_bias, bool avgpool) {
   check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias);
   auto compute = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto hf = h.to(compute);
@@ -60,9 +60,16 @@ at::Tensor se_gate_aten(at::Tensor const& h, at::Tensor const& identity, at::Ten
   if (identity_bias) y = y + identity_bias->to(compute).reshape({});
   y = at::relu(y);
   if (post_bias) y = y + post_bias->to(compute).reshape({});
-  auto out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::ChannelsLast));
+  auto cl = h.options().memory_format(at::MemoryFormat::ChannelsLast);
+  auto out = at::empty(h.sizes(), cl);
   out.copy_(y);
-  return out;
+  auto pooled = at::empty({0}, h.options());
+  if (avgpool) {
+    // Pools the stored (rounded) output, as the CUDA kernel does.
+    pooled = at::empty(pooled_shape(h), cl);
+    pooled.copy_(at::avg_pool2d(out.to(compute), {3, 3}, {2, 2}, {1, 1}, false, true));
+  }
+  return {out, pooled};
 }
 
 }  // namespace se_gate
@@ -71,7 +78,8 @@ at::Tensor se_gate_aten(at::Tensor const& h, at::Tensor const& identity, at::Ten
 TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def(
       "se_gate(Tensor h, Tensor identity, Tensor fc1_weight, Tensor fc1_bias, Tensor fc2_weight, "
-      "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None) -> Tensor");
+      "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None, bool avgpool=False) "
+      "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {

@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+#include <vector>
+
 namespace cutlass_ops {
 namespace se_gate {
 
@@ -12,11 +15,16 @@ void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor co
                   c10::optional<at::Tensor> const& identity_bias,
                   c10::optional<at::Tensor> const& post_bias);
 
+// Shape of the pooled output: AvgPool2d(3, 2, 1) of (N, C, H, W).
+inline std::vector<int64_t> pooled_shape(at::Tensor const& h) {
+  return {h.size(0), h.size(1), (h.size(2) + 1) / 2, (h.size(3) + 1) / 2};
+}
+
 // The ATen composite: the CPU implementation and the CUDA fallback.
-at::Tensor se_gate_aten(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
-                        at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                        c10::optional<at::Tensor> const& identity_bias,
-                        c10::optional<at::Tensor> const& post_bias);
+std::tuple<at::Tensor, at::Tensor> se_gate_aten(
+    at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
+    at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
+    c10::optional<at::Tensor> const& post_bias, bool avgpool);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

@@ -71,6 +71,9 @@ bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
   a.scale = d_scalars; a.bias_scalar = d_scalars + 1; a.post_bias = d_scalars + 2;
   a.bias = c.bias ? to_device(bias) : nullptr;
   a.relu = c.relu;
+  std::vector<int> semaphores(4096, 0);
+  a.workspace = to_device(semaphores);  // lets the dispatcher use serial split-K
+  a.workspace_bytes = semaphores.size() * sizeof(int);
 
   LaunchResult r = launch(a, cc, sms, nullptr);
   if (!r.kernel || r.status != cutlass::Status::kSuccess) {
@@ -103,12 +106,12 @@ bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
   }
   double rel = std::sqrt(err2 / ref2);
   bool ok = rel < 2e-3 && std::isfinite(max_err);
-  std::printf("%s N%d %dx%d C%d->K%d %dx%d pad%d stride%d relu%d res%d bias%d: %s rel %.2e max %.2e\n",
+  std::printf("%s N%d %dx%d C%d->K%d %dx%d pad%d stride%d relu%d res%d bias%d: %s split_k %d rel %.2e max %.2e\n",
               ok ? "ok  " : "FAIL", c.N, c.H, c.W, c.C, c.K, c.R, c.S, c.pad, c.stride, c.relu,
-              c.residual, c.bias, r.kernel->name, rel, max_err);
+              c.residual, c.bias, r.kernel->name, r.split_k_slices, rel, max_err);
   cudaFree(const_cast<void*>(a.input)); cudaFree(const_cast<void*>(a.weight));
   cudaFree(const_cast<void*>(a.residual)); cudaFree(d_out); cudaFree(d_scalars);
-  cudaFree(const_cast<float*>(a.bias));
+  cudaFree(const_cast<float*>(a.bias)); cudaFree(a.workspace);
   return ok;
 }
 
@@ -128,6 +131,7 @@ int main() {
       {2, 16, 16, 64, 64, 3, 3, 1, 1, true, false, true},   // ResNet block shape
       {1, 9, 9, 3, 8, 4, 4, 0, 4, false, false, false},     // 3 channels: alignment-1 kernel
       {5, 7, 7, 24, 40, 1, 1, 0, 1, false, true, true},     // 1x1
+      {1, 4, 4, 256, 128, 3, 3, 1, 1, true, false, true},   // tiny M, long K: serial split-K
   };
   int failed = 0;
   for (auto const& c : cases) failed += !run_case(c, cc, prop.multiProcessorCount, rng);

@@ -86,6 +86,8 @@ SHAPES = [
     (2, 6, 10, 9, 9, 3, 3, 1, 2),        # channels % 4 = 2: alignment 2
     (4, 3, 64, 17, 17, 3, 3, 2, 1),      # 3 input channels: alignment 1
     (3, 5, 7, 8, 8, 2, 2, 1, 0),         # all odd
+    (1, 256, 128, 4, 4, 3, 3, 1, 1),     # tiny M, long K: serial split-K on a GPU
+    (2, 512, 512, 2, 2, 3, 3, 1, 1),     # the last ResNet block at N=2
 ]
 
 
@@ -98,7 +100,7 @@ def test_numerics_full_epilogue(device, dtype, shape, rng):
     kernel = check(case, relu=True, dtype=dtype)
     if device == "cuda":
         align = max(a for a in (8, 4, 2, 1) if c % a == 0 and k % a == 0)
-        got = int(kernel.rsplit("align", 1)[1])
+        got = int(kernel.rsplit("align", 1)[1].split()[0])
         assert align % got == 0, f"{kernel} for C={c}, K={k}"
 
 
@@ -110,6 +112,16 @@ def test_numerics_full_epilogue(device, dtype, shape, rng):
 def test_epilogue_variants(device, dtype, bias, residual, relu, rng):
     case = random_case(3, 32, 48, 10, 10, 3, 3, dtype, device, rng, bias=bias, residual=residual)
     check(case, relu, dtype)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_split_k_is_used_and_exact_enough(dtype, rng):
+    # One output tile, 36 K-iterations: the dispatcher splits K; a residual forbids it.
+    case = random_case(1, 256, 64, 4, 4, 3, 3, dtype, "cuda", rng, residual=False)
+    assert "split_k=" in check(case, True, dtype)
+    case = random_case(1, 256, 64, 4, 4, 3, 3, dtype, "cuda", rng, residual=True)
+    assert "split_k=" not in check(case, True, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

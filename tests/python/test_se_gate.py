@@ -1,0 +1,92 @@
+"""cutlass_ops.se_gate (squeeze-excitation gate + residual + ReLU [+ avgpool]) vs float64."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlass_ops
+from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors
+
+LOW_PRECISION = [torch.float16, torch.bfloat16]
+
+
+def make(n, c, h, w, dtype, device, g, r=16):
+    rnd = lambda *s, std=1.0: torch.randn(*s, generator=g, dtype=torch.float64) * std
+    hidden = max(c // r, 1)
+    t = dict(h=rnd(n, c, h, w).to(dtype), identity=rnd(n, c, h, w).to(dtype),
+             w1=rnd(hidden, c, std=c ** -0.5).float(), b1=rnd(hidden).float(),
+             w2=rnd(c, hidden, std=hidden ** -0.5).float(), b2=rnd(c).float(),
+             idb=torch.tensor(0.3 * rnd(()).item()), pb=torch.tensor(0.3 * rnd(()).item()))
+    out = {}
+    for k, v in t.items():
+        v = v.to(device)
+        out[k] = v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v
+    return out
+
+
+def reference(t, avgpool):
+    d = {k: v.double().cpu() for k, v in t.items()}
+    gate = torch.sigmoid(F.linear(torch.relu(F.linear(d["h"].mean((2, 3)), d["w1"], d["b1"])), d["w2"], d["b2"]))
+    out = torch.relu(d["h"] * gate[:, :, None, None] + d["identity"] + d["idb"]) + d["pb"]
+    pooled = F.avg_pool2d(out, 3, 2, 1, count_include_pad=True) if avgpool else None
+    return out, pooled
+
+
+def run(t, avgpool):
+    return cutlass_ops.se_gate(t["h"], t["identity"], t["w1"], t["b1"], t["w2"], t["b2"],
+                               t["idb"], t["pb"], avgpool=avgpool)
+
+
+# (n, c, h, w): the four SE-ResNet9 blocks, odd sizes, C not a power of two, C % 8 != 0.
+SHAPES = [(4, 64, 16, 16), (3, 128, 8, 8), (5, 256, 4, 4), (7, 512, 2, 2), (2, 24, 7, 5),
+          (3, 40, 9, 9), (2, 20, 5, 6), (1, 2048, 3, 3)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n{}c{}_{}x{}".format(*s))
+@pytest.mark.parametrize("avgpool", [False, True])
+def test_se_gate_numerics(device, dtype, shape, avgpool, rng):
+    t = make(*shape, dtype, device, rng, r=16 if shape[1] >= 64 else 4)
+    if device == "cuda":
+        torch.full((4 * t["h"].numel(),), float("nan"), dtype=dtype, device=device)  # poison
+    got = run(t, avgpool)
+    out, pooled = got if avgpool else (got, None)
+    ref_out, _ = reference(t, False)
+    rel_tol, max_tol = TOLERANCE[dtype]
+    rel, mx = errors(out, ref_out)
+    assert rel <= rel_tol and mx <= max_tol, f"out: rel {rel:.2e} max {mx:.2e}"
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    if avgpool:
+        # The kernel pools its own rounded output: compare with pooling that output.
+        want = F.avg_pool2d(out.double().cpu(), 3, 2, 1, count_include_pad=True)
+        rel, mx = errors(pooled, want)
+        assert rel <= rel_tol and mx <= max_tol, f"pooled: rel {rel:.2e} max {mx:.2e}"
+        assert pooled.shape == (shape[0], shape[1], (shape[2] + 1) // 2, (shape[3] + 1) // 2)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_se_gate_is_deterministic(rng):
+    t = make(64, 64, 16, 16, torch.float16, "cuda", rng)
+    first = run(t, True)
+    for _ in range(3):
+        again = run(t, True)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_se_gate_bad_input(device, rng):
+    t = make(2, 64, 4, 4, torch.float16, device, rng)
+    with pytest.raises(ValueError, match="identity shape"):
+        cutlass_ops.se_gate(t["h"], t["identity"][:, :, :2], t["w1"], t["b1"], t["w2"], t["b2"])
+    with pytest.raises(ValueError, match="fc1_weight must be"):
+        cutlass_ops.se_gate(t["h"], t["identity"], t["w1"].t(), t["b1"], t["w2"], t["b2"])
+    with pytest.raises(ValueError, match="fc2_bias must be"):
+        cutlass_ops.se_gate(t["h"], t["identity"], t["w1"], t["b1"], t["w2"], t["b2"][:5])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("avgpool", [False, True])
+def test_se_gate_opcheck(device, avgpool, rng):
+    t = make(2, 64, 4, 4, torch.float16, device, rng)
+    torch.library.opcheck(torch.ops.cutlass_ops.se_gate.default,
+                          (t["h"], t["identity"], t["w1"], t["b1"], t["w2"], t["b2"], t["idb"], t["pb"], avgpool))
