@@ -27,14 +27,21 @@ int channel_alignment(Conv2dFusedArgs const& a) {
   return 1;
 }
 
-void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms) {
-  // Tiles that give every SM a CTA first, largest tile first (fewer re-reads of A and B);
-  // then the rest, most CTAs first.  Stable: equal tiles keep the table's (profile) order.
-  std::stable_sort(candidates.begin(), candidates.end(), [num_sms](Candidate const& x, Candidate const& y) {
+void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long long gemm_m, int gemm_n) {
+  // Tiles that give every SM a CTA first; among them the least padded (a 128-wide tile on
+  // 64 output channels computes half zeros), then the largest (fewer re-reads of A and B).
+  // Then the rest, most CTAs first.  Stable: ties keep the table's (profile) order.
+  auto utilization = [&](Candidate const& c) {
+    double tiles = static_cast<double>(c.ctas) * c.entry->tile_m * c.entry->tile_n;
+    return static_cast<double>(gemm_m) * gemm_n / tiles;
+  };
+  std::stable_sort(candidates.begin(), candidates.end(), [&](Candidate const& x, Candidate const& y) {
     bool fx = x.ctas >= num_sms, fy = y.ctas >= num_sms;
     if (fx != fy) return fx;
-    if (fx) return x.entry->tile_m * x.entry->tile_n > y.entry->tile_m * y.entry->tile_n;
-    return x.ctas > y.ctas;
+    if (!fx) return x.ctas > y.ctas;
+    double ux = utilization(x), uy = utilization(y);
+    if (ux > uy * 1.05 || uy > ux * 1.05) return ux > uy;
+    return x.entry->tile_m * x.entry->tile_n > y.entry->tile_m * y.entry->tile_n;
   });
 }
 
@@ -70,7 +77,7 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
       long long ctas = ((gemm_m + e.tile_m - 1) / e.tile_m) * ((a.K + e.tile_n - 1) / e.tile_n);
       candidates.push_back({&e, ctas});
     }
-    order_by_occupancy(candidates, num_sms);
+    order_by_occupancy(candidates, num_sms, gemm_m, a.K);
     for (Candidate const& c : candidates) {
       Conv2dFusedArgs args = a;
       args.split_k_slices = split_k_slices(a, *c.entry, c.ctas, num_sms);

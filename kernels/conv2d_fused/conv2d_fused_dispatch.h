@@ -41,7 +41,7 @@ struct Candidate {
 };
 
 // The order the dispatcher tries kernels of equal fit in (see the .cpp); exposed for tests.
-void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms);
+void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long long gemm_m, int gemm_n);
 
 // Serial split-K slices for kernel `e` on `a` (1 = no split); see the .cpp.
 int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int num_sms);

@@ -8,7 +8,7 @@ namespace se_gate {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;  // one CTA per image: more warps hide more load latency
 constexpr int kVec = 8;  // elements per 16-byte access
 
 template <typename T> struct Vec;
@@ -90,20 +90,23 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   int const warp = tid / 32, lane = tid % 32;
   for (int r = warp; r < a.R; r += kThreads / 32) {
     float dot = 0.f;
+#pragma unroll 4
     for (int c = lane; c < a.C; c += 32) dot += a.w1[size_t(r) * a.C + c] * sums[c];
     for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (lane == 0) hidden[r] = fmaxf(dot * inv_hw + a.b1[r], 0.f);
   }
   __syncthreads();
 
-  // Second Linear + sigmoid: one warp per channel, lanes over the hidden units, so the
-  // rows of W2 are read coalesced.  The gate overwrites the sums.
+  // Second Linear + sigmoid: one thread per channel.  Its loads of a W2 row are
+  // independent, so unrolling keeps several in flight (latency, not bandwidth, is what
+  // limits this phase: W2 is small and L2-resident).  The gate overwrites the sums.
   __syncthreads();  // (all reads of sums above are done)
-  for (int c = warp; c < a.C; c += kThreads / 32) {
-    float dot = 0.f;
-    for (int r = lane; r < a.R; r += 32) dot += a.w2[size_t(c) * a.R + r] * hidden[r];
-    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) sums[c] = 1.f / (1.f + __expf(-(dot + a.b2[c])));
+  for (int c = tid; c < a.C; c += kThreads) {
+    float const* row = a.w2 + size_t(c) * a.R;
+    float dot = a.b2[c];
+#pragma unroll 8
+    for (int r = 0; r < a.R; ++r) dot += row[r] * hidden[r];
+    sums[c] = 1.f / (1.f + __expf(-dot));
   }
   __syncthreads();
 
