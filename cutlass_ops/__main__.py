@@ -7,6 +7,14 @@ import sys
 from pathlib import Path
 
 
+DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _dtype(name: str):
+    import torch
+    return getattr(torch, DTYPES[name])
+
+
 def cmd_info(args) -> int:
     import torch
     import cutlass_ops
@@ -47,7 +55,14 @@ def cmd_bench(args) -> int:
         return 2
     if args.what == "resnet":
         return bench_resnet_cmd(args)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    if args.what == "giou":
+        from .giou_bench import bench_giou, print_giou_table
+        result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
+        result["environment"] = environment()
+        print_giou_table(result)
+        write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/giou.json"), result)
+        return 0
+    dtype = _dtype(args.dtype or "fp16")
     result = bench_conv(args.n, args.c, args.k, args.hw, dtype,
                         compile_max_autotune=not args.no_compile, iters=args.iters)
     result["kernel"] = cutlass_ops.conv2d_fused_last_kernel()
@@ -62,7 +77,7 @@ def cmd_bench(args) -> int:
 def bench_resnet_cmd(args) -> int:
     import torch
     from .bench import bench_resnet, environment, plot_resnet, print_resnet_table, write_json
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = _dtype(args.dtype or "fp16")
     systems = args.systems or None
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
     result = bench_resnet(args.batch, dtype, args.in_channels,
@@ -87,9 +102,10 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmark one fused conv layer against PyTorch baselines "
                                      "(CUDA events, medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet"],
+    b.add_argument("what", choices=["conv", "resnet", "giou"],
                    help="conv: one fused conv layer; resnet: FusedResNet vs eager, CUDA graph, "
-                        "TorchScript and torch.compile (writes JSON and a bar plot PNG)")
+                        "TorchScript and torch.compile (writes JSON and a bar plot PNG); giou: "
+                        "the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision forms")
     b.add_argument("--batch", type=int, nargs="+", default=[1, 32, 128, 512, 2048],
                    help="resnet: batch sizes (default 1 32 128 512 2048)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet: input channels")
@@ -100,7 +116,8 @@ def main(argv=None) -> int:
     b.add_argument("--c", type=int, default=64, help="input channels (default 64)")
     b.add_argument("--k", type=int, default=64, help="output channels (default 64)")
     b.add_argument("--hw", type=int, default=16, help="height = width (default 16)")
-    b.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    b.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
+                   help="conv/resnet: fp16 (default) or bf16; giou: box dtype (default fp32)")
     b.add_argument("--iters", type=int, default=100, help="timed iterations (median reported)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
