@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import environment, graphed, time_cuda, write_json
+from .bench import environment, time_cuda, write_json
 from .giou import giou_loss_padded, giou_loss_ragged
 
 
@@ -105,7 +105,6 @@ def _methods(b: dict, tv_loss) -> dict:
         return with_grad(tv_loss(pred, target, "mean"), pred)
 
     return {"cutlass_ops.giou_loss_ragged": fused_ragged,
-            "cutlass_ops.giou_loss_ragged + CUDA graph": fused_ragged,  # captured in bench_giou
             "cutlass_ops.giou_loss_padded": fused_padded,
             "per-image loop (torchvision)": per_image_loop,
             "cat + torchvision": cat_torchvision,
@@ -136,8 +135,6 @@ def bench_giou(images=1024, max_boxes=256, dtype=torch.float32, alpha=1.2, seed=
             grad = grad[valid] if grad.dim() == 3 else grad  # padded layout -> the boxes in order
             row = {"loss_abs_error": abs(loss.item() - ref_loss.item()),
                    "grad_rel_error": ((grad.double() - ref_grad).norm() / ref_grad.norm()).item()}
-            if "CUDA graph" in name:
-                fn = graphed(fn)
             slow = name.startswith("per-image")
             row.update(time_cuda(fn, warmup=2 if slow else 20, iters=loop_iters if slow else iters))
         except Exception as e:  # one failing method should not lose the others' numbers

@@ -44,7 +44,8 @@ echo "== worst relative error per dtype and path (pytest numerics cases, vs floa
 import sys, collections
 worst = collections.defaultdict(lambda: (0.0, 0.0, 0))
 for line in open(sys.argv[1]):
-    kernel, dtype, device, rel, mx = line.split()
+    parts = line.split()  # the kernel name may carry " split_k=N"
+    kernel, (dtype, device, rel, mx) = parts[0], parts[-4:]
     path = "cutlass" if kernel.startswith("cutlass_ops_") else kernel
     r, m, n = worst[(device, dtype, path)]
     worst[(device, dtype, path)] = (max(r, float(rel)), max(m, float(mx)), n + 1)
