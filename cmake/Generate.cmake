@@ -1,8 +1,10 @@
 # Runs the generator (python/cutlass_ops_gen) at configure time.  Its sources, the manifest
 # and the profiles are configure dependencies, so editing them re-runs it on the next build.
 set(CUTLASS_OPS_GENERATED_DIR "${CMAKE_BINARY_DIR}/generated")
+# Measured tile winners (profiles/<gpu>/sm<family>.csv); another folder for experiments.
+set(CUTLASS_OPS_PROFILES "${CMAKE_SOURCE_DIR}/profiles" CACHE PATH "Folder of kernel profiles")
 file(GLOB_RECURSE _gen_inputs CONFIGURE_DEPENDS
-  "${CMAKE_SOURCE_DIR}/python/cutlass_ops_gen/*.py" "${CMAKE_SOURCE_DIR}/profiles/*.csv")
+  "${CMAKE_SOURCE_DIR}/python/cutlass_ops_gen/*.py" "${CUTLASS_OPS_PROFILES}/*.csv")
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_gen_inputs})
 
 string(REPLACE ";" "," _archs_csv "${CUTLASS_OPS_ARCH_LIST}")
@@ -11,7 +13,7 @@ execute_process(
   COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${CMAKE_SOURCE_DIR}/python:$ENV{PYTHONPATH}"
           "${Python_EXECUTABLE}" -m cutlass_ops_gen
           --archs "${_archs_csv}" --kernels "${CUTLASS_OPS_KERNELS}"
-          --profiles "${CMAKE_SOURCE_DIR}/profiles" --out "${CUTLASS_OPS_GENERATED_DIR}"
+          --profiles "${CUTLASS_OPS_PROFILES}" --out "${CUTLASS_OPS_GENERATED_DIR}"
   RESULT_VARIABLE _gen_rc OUTPUT_VARIABLE _gen_out ERROR_VARIABLE _gen_err)
 if(NOT _gen_rc EQUAL 0)
   message(FATAL_ERROR "cutlass_ops: the kernel generator failed:\n${_gen_out}\n${_gen_err}")

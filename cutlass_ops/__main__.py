@@ -95,6 +95,22 @@ def bench_resnet_cmd(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    import torch
+    import cutlass_ops  # noqa: F401
+    from .profiler import gpu_slug, resnet_problems, sweep
+    if not torch.cuda.is_available():
+        print("profile: needs a CUDA device", file=sys.stderr)
+        return 2
+    cc = torch.cuda.get_device_capability()
+    out = Path(args.out) if args.out else (
+        Path(args.profiles) / gpu_slug(torch.cuda.get_device_name()) / f"sm{80 if cc >= (8, 0) else 70}.csv")
+    problems = resnet_problems(args.batch, args.in_channels)
+    n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
+    print(f"profile: wrote {n} rows to {out}; rebuild to use them (see README: Profiles)")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cutlass_ops", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -122,6 +138,17 @@ def main(argv=None) -> int:
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)
+    pr = sub.add_parser("profile", help="time every built conv kernel on FusedResNet's conv problems and "
+                                        "write profiles/<gpu>/sm<family>.csv (build with "
+                                        "CUTLASS_OPS_KERNELS=sweep first); resumes an interrupted sweep")
+    pr.add_argument("--batch", type=int, nargs="+", default=[1, 32, 128, 512, 2048],
+                    help="batch sizes (default 1 32 128 512 2048)")
+    pr.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11])
+    pr.add_argument("--dtype", choices=["fp16", "bf16"], default=None, help="default fp16")
+    pr.add_argument("--iters", type=int, default=20, help="timed runs per kernel (median)")
+    pr.add_argument("--profiles", default="profiles", help="profiles folder (default ./profiles)")
+    pr.add_argument("--out", default=None, help="CSV path (default <profiles>/<gpu>/sm<family>.csv)")
+    pr.set_defaults(fn=cmd_profile)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -90,7 +90,11 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   int dev = input.device().index();
   int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, dev) +
            device_attribute(cudaDevAttrComputeCapabilityMinor, dev);
-  LaunchResult r = launch(a, cc, device_attribute(cudaDevAttrMultiProcessorCount, dev), stream);
+  std::string const& forced = forced_kernel_slot();
+  LaunchResult r = launch(a, cc, device_attribute(cudaDevAttrMultiProcessorCount, dev), stream,
+                          forced.empty() ? nullptr : forced.c_str());
+  TORCH_CHECK_VALUE(r.kernel != nullptr || forced.empty(), "conv2d_fused: the forced kernel ",
+                    forced, " cannot run this problem: ", r.why_not);
   if (r.kernel == nullptr) {
     TORCH_WARN_ONCE("cutlass_ops.conv2d_fused: no generated kernel fits (", r.why_not,
                     "); using the slower ATen composite. Channel counts that are multiples "
@@ -106,8 +110,21 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   return output;
 }
 
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumKernels; ++i) {
+    if (kKernels[i].run != nullptr) names.emplace_back(kKernels[i].name);
+  }
+  return names;
+}
+
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops
+
+TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
+  // The generated kernels of this build (empty in a CPU-only build: not registered there).
+  m.def("conv2d_fused_kernels() -> str[]", &cutlass_ops::conv2d_fused::kernel_names);
+}
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("conv2d_fused", &cutlass_ops::conv2d_fused::conv2d_fused_cuda);

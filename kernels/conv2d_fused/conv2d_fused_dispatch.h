@@ -21,12 +21,29 @@ struct KernelEntry {
   DType dtype;
   int alignment;         // channel alignment in elements (input C and output K)
   int tile_m, tile_n, tile_k, stages;
-  int max_out_channels;  // use only when K <= this; 0 = any K
   KernelFn run;
 };
 
 extern const KernelEntry kKernels[];
 extern const int kNumKernels;
+
+// A measured winner (profiles/): for this problem class the kernel kKernels[kernel] was
+// fastest at GEMM M = gemm_m (= N*P*Q).
+struct ProfileRule {
+  int family;
+  DType dtype;
+  int alignment;
+  int C, K, R, S, stride;
+  long long gemm_m;
+  int kernel;  // index into kKernels, -1 in an empty table
+};
+
+extern const ProfileRule kProfileRules[];
+extern const int kNumProfileRules;
+
+// Index into kKernels of the profile rule for `a` (same class, nearest M on a log scale),
+// or -1 when no rule covers the problem.
+int profiled_kernel(Conv2dFusedArgs const& a, int family, int alignment);
 
 // Largest alignment in {8,4,2,1} that divides C and K and that every pointer honours.
 int channel_alignment(Conv2dFusedArgs const& a);
@@ -54,11 +71,13 @@ struct LaunchResult {
 };
 
 // Runs the best table entry that fits `a` on a device of compute capability `cc` with
-// `num_sms` multiprocessors: the widest channel alignment the tensors allow first, then
-// by occupancy (order_by_occupancy).
+// `num_sms` multiprocessors: the widest channel alignment the tensors allow first; within
+// it the profile rule's kernel, then the rest by occupancy (order_by_occupancy).
+// `only` (the profiler's forced kernel) restricts the choice to the entry of that name.
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).
 // A launch that failed returns its kernel with status kErrorInternal.
-LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream);
+LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
+                    char const* only = nullptr);
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

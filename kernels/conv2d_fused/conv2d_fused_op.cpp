@@ -88,6 +88,11 @@ std::string& last_kernel_slot() {
 
 std::string last_kernel() { return last_kernel_slot(); }
 
+std::string& forced_kernel_slot() {
+  thread_local std::string name;
+  return name;
+}
+
 at::Tensor conv2d_fused_aten(at::Tensor const& input, at::Tensor const& weight,
                              c10::optional<at::Tensor> const& bias,
                              c10::optional<at::Tensor> const& residual,
@@ -121,6 +126,10 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // or "aten" for the ATen path (CPU, and the CUDA fallback).  For tests and for users
   // checking that their shapes hit a fast path.
   m.def("conv2d_fused_last_kernel() -> str", &cutlass_ops::conv2d_fused::last_kernel);
+  // For the profiler: make this thread's CUDA conv2d_fused calls run the named kernel
+  // (an error when it cannot run the problem); "" restores the normal choice.
+  m.def("conv2d_fused_force_kernel(str name) -> ()",
+        [](std::string name) { cutlass_ops::conv2d_fused::forced_kernel_slot() = std::move(name); });
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {

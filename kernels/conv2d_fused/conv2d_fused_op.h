@@ -35,5 +35,9 @@ at::Tensor conv2d_fused_aten(at::Tensor const& input, at::Tensor const& weight,
 std::string& last_kernel_slot();
 std::string last_kernel();
 
+// The profiler's override on this thread: a kernel name the CUDA implementation must run
+// ("" = choose as usual).  Set through cutlass_ops::conv2d_fused_force_kernel.
+std::string& forced_kernel_slot();
+
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .manifest import KERNEL_SETS, instance_keys
-from .tiles import select_tiles
+from .tiles import SWEEP_TILES, select_tiles
 
 
 def parse_archs(text: str) -> list[int]:
@@ -44,15 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so that --help works without the nvidia-cutlass wheel.
     from .emitter import emit_dispatch_table, emit_instance
 
-    instances, texts = [], {}
+    instances, texts, rules = [], {}, []
     for key in instance_keys(args.archs, args.kernels):
-        tiles, origin = select_tiles(key, args.profiles)
+        tiles, key_rules, origin = select_tiles(key, args.profiles)
         if args.kernels == "ci":
-            tiles = [t for t in tiles if t.max_out_channels == 0][-1:]  # one catch-all tile
+            tiles, key_rules = tiles[-1:], []  # one tile per key
+        if args.kernels == "sweep" and key.family == 80 and key.dtype == "f16" and key.alignment == 8:
+            tiles += [t for t in SWEEP_TILES if t not in tiles]
         for tile in tiles:
             inst, text = emit_instance(key, tile, origin)
             instances.append(inst)
             texts[inst.source] = text
+        rules += [(key, rule) for rule in key_rules]
 
     for inst in instances:
         print(f"  {inst.name}  [{inst.tile_origin}]", file=sys.stderr if args.list else sys.stdout)
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
         write_if_changed(args.out / name, text)
-    write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(instances))
+    write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(instances, rules))
 
     by_family: dict[int, list[str]] = {}
     for inst in instances:
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"set(CUTLASS_OPS_INSTANCES_SM{family} {files})")
     lines.append(f'set(CUTLASS_OPS_DISPATCH_TABLE "{args.out / "conv2d_fused_dispatch_table.cpp"}")')
     write_if_changed(args.out / "instances.cmake", "\n".join(lines) + "\n")
-    print(f"cutlass_ops_gen: {len(instances)} kernel instances in {args.out}")
+    print(f"cutlass_ops_gen: {len(instances)} kernel instances, {len(rules)} profile rules in {args.out}")
     return 0
 
 

@@ -10,6 +10,8 @@ Kernel sets:
   ``all`` - every dtype and alignment, the default tiles (or the profiled winners).
   ``ci``  - the smallest set that still exercises the build and the alignment fallback:
             fp16 and bf16, alignments 8 and 1, one tile each.
+  ``sweep`` - ``all`` plus the profiler's candidate tiles (tiles.SWEEP_TILES) for fp16,
+            alignment 8: what ``python -m cutlass_ops profile`` measures.
 Family 70 has fp16 only (Volta has no bf16 tensor cores) and alignment 8 only.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ DTYPES = ("f16", "bf16")
 # that divides both the input and the output channel count (and the pointers' alignment).
 ALIGNMENTS = (8, 4, 2, 1)
 
-KERNEL_SETS = ("all", "ci")
+KERNEL_SETS = ("all", "ci", "sweep")
 
 
 def arch_families(archs: list[int]) -> list[int]:

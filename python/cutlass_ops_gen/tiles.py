@@ -1,16 +1,20 @@
-"""Tile shapes per instance key: measured winners from profiles/, else documented defaults.
+"""Tile shapes per instance key, and the profile rules the dispatcher follows.
 
-Defaults (for the ResNet-style convs this project targets, GEMM N = 64..512; the
-dispatcher picks among them by occupancy, see conv2d_fused_dispatch.cpp):
+Defaults (for the ResNet-style convs this project targets, GEMM N = 64..512; without a
+profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.cpp):
   family 80, alignment >= 2 : 128x128x32 3-stage, 128x64x32 4-stage, 64x64x64 4-stage
   family 80, alignment 1    : 64x64x32 2-stage analytic iterators (cp.async cannot copy
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
+The ``sweep`` kernel set adds SWEEP_TILES (fp16 and bf16, alignment 8) for the profiler.
 
-A profile is a CSV in the CUTLASS profiler's conv2d column layout (profiles/README.md).
-For each instance key the rows of that op, dtype and alignment are grouped by output
-channel count k; the fastest tile per k wins, and each winner is used for k up to its
-own k (the largest k's winner for everything above).
+A profile is a CSV in the CUTLASS profiler's conv2d column layout (profiles/README.md):
+ours (``python -m cutlass_ops profile``) or a real ``cutlass_profiler`` conv2d output.
+For each instance key its fprop rows (same dtype and alignment; rows of the other 16-bit
+dtype when a dtype has none) are grouped by problem (c, k, r, s, stride, GEMM M = n*p*q);
+the fastest tile per problem wins.  The generator instantiates the defaults plus every
+winner, and emits one rule per problem: the dispatcher runs the rule's tile for a
+problem with the same (c, k, r, s, stride) and the nearest M (log scale).
 """
 from __future__ import annotations
 
@@ -28,30 +32,57 @@ class Tile:
     warps: tuple[int, int, int]
     stages: int
     iterator: str = "optimized"  # or "analytic"
-    max_out_channels: int = 0    # dispatch rule: use for K <= this; 0 = any K
 
     @property
     def name(self) -> str:
+        """e.g. 128x64x32_4s_2x2w_o: threadblock, stages, warps (M x N), iterator."""
         m, n, k = self.threadblock
-        return f"{m}x{n}x{k}_{self.stages}s_{self.iterator[0]}"
+        return f"{m}x{n}x{k}_{self.stages}s_{self.warps[0]}x{self.warps[1]}w_{self.iterator[0]}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A conv problem class as profiles and rules see it."""
+    c: int
+    k: int
+    r: int
+    s: int
+    stride: int
+    gemm_m: int
+
+
+@dataclass(frozen=True)
+class Rule:
+    problem: Problem
+    tile: Tile
+    runtime_ms: float
 
 
 def default_tiles(key: InstanceKey) -> list[Tile]:
     if key.family == 70:
-        return [Tile((128, 64, 32), (2, 2, 1), 2, max_out_channels=64),
-                Tile((128, 128, 32), (2, 2, 1), 2)]
+        return [Tile((128, 64, 32), (2, 2, 1), 2), Tile((128, 128, 32), (2, 2, 1), 2)]
     if key.alignment == 1:
         return [Tile((64, 64, 32), (2, 2, 1), 2, iterator="analytic")]
     return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((128, 64, 32), (2, 2, 1), 4),
             Tile((64, 64, 64), (2, 2, 1), 4)]
 
 
+# Candidates the profiler sweeps (from CUTLASS's Sm80 16x8x16 generator lists, sized for
+# GEMM N = 64..512), in addition to the defaults.
+SWEEP_TILES = [
+    Tile((256, 64, 32), (4, 1, 1), 4), Tile((64, 256, 32), (1, 4, 1), 4),
+    Tile((128, 128, 64), (2, 2, 1), 3), Tile((128, 64, 64), (2, 2, 1), 3),
+    Tile((64, 128, 32), (2, 2, 1), 4), Tile((64, 64, 32), (2, 2, 1), 6),
+    Tile((64, 32, 64), (2, 1, 1), 4), Tile((32, 64, 64), (1, 2, 1), 4),
+]
+
+
 class ProfileError(ValueError):
     pass
 
 
-_REQUIRED = ("Operation", "k", "cta_m", "cta_n", "cta_k", "stages",
-             "warps_m", "warps_n", "warps_k", "Runtime")
+_REQUIRED = ("Operation", "n", "c", "k", "r", "s", "p", "q", "stride_h", "cta_m", "cta_n",
+             "cta_k", "stages", "warps_m", "warps_n", "warps_k", "Runtime")
 
 
 def read_profile_rows(path: Path) -> list[dict]:
@@ -65,56 +96,58 @@ def read_profile_rows(path: Path) -> list[dict]:
     for i, row in enumerate(reader, start=2):
         if row.get("Disposition", "passed") not in ("passed", ""):
             continue
+        if row.get("conv_kind", "fprop") != "fprop":
+            continue
         try:
-            float(row["Runtime"])
-            int(row["k"])
+            for col in _REQUIRED[1:]:
+                float(row[col])
         except (TypeError, ValueError) as e:
-            raise ProfileError(f"{path}:{i}: bad Runtime/k value ({e})") from None
+            raise ProfileError(f"{path}:{i}: bad number in a Runtime/shape/tile column ({e})") from None
         rows.append(row)
     return rows
 
 
-def _matches(row: dict, key: InstanceKey) -> bool:
-    """Our kernels are named cutlass_ops_<op>_<dtype>_..._align<A>; see emitter.kernel_name."""
+def _dtype_and_alignment(row: dict) -> tuple[str, int] | None:
+    """Ours: cutlass_ops_<op>_<dtype>_sm<family>_<tile>_align<A>.  CUTLASS profiler rows:
+    dtype from the Activation column (e.g. f16:nhwc), alignment from the name's suffix."""
     name = row["Operation"]
-    return (name.startswith(f"cutlass_ops_{key.op}_{key.dtype}_sm{key.family}_")
-            and name.endswith(f"_align{key.alignment}"))
+    if "_align" not in name:
+        return None
+    try:
+        alignment = int(name.rsplit("_align", 1)[1].split("_")[0])
+    except ValueError:
+        return None
+    if name.startswith("cutlass_ops_"):
+        return name.split("_")[4], alignment  # cutlass_ops_conv2d_fused_<dtype>_...
+    activation = row.get("Activation", "").split(":")[0]
+    return ({"f16": "f16", "bf16": "bf16"}.get(activation), alignment) if activation else None
 
 
-def tiles_from_profiles(rows: list[dict], key: InstanceKey) -> list[Tile]:
-    best: dict[int, tuple[float, Tile]] = {}
-    for row in rows:
-        if not _matches(row, key):
-            continue
-        k = int(row["k"])
-        tile = Tile((int(row["cta_m"]), int(row["cta_n"]), int(row["cta_k"])),
-                    (int(row["warps_m"]), int(row["warps_n"]), int(row["warps_k"])),
-                    int(row["stages"]),
-                    iterator=row.get("iterator_algorithm") or ("analytic" if key.alignment == 1 else "optimized"))
-        runtime = float(row["Runtime"])
-        if k not in best or runtime < best[k][0]:
-            best[k] = (runtime, tile)
-    if not best:
-        return []
-    ks = sorted(best)
-    chosen: list[Tile] = []
-    for i, k in enumerate(ks):
-        tile = best[k][1]
-        limit = 0 if i == len(ks) - 1 else k
-        # Merge neighbouring buckets won by the same tile.
-        if chosen and _same_shape(chosen[-1], tile):
-            chosen[-1] = _with_limit(chosen[-1], limit)
-        else:
-            chosen.append(_with_limit(tile, limit))
-    return chosen
+def _row_tile(row: dict, key: InstanceKey) -> Tile:
+    iterator = row.get("iterator_algorithm") or ("analytic" if key.alignment == 1 else "optimized")
+    return Tile((int(row["cta_m"]), int(row["cta_n"]), int(row["cta_k"])),
+                (int(row["warps_m"]), int(row["warps_n"]), int(row["warps_k"])),
+                int(row["stages"]), iterator=iterator)
 
 
-def _same_shape(a: Tile, b: Tile) -> bool:
-    return (a.threadblock, a.warps, a.stages, a.iterator) == (b.threadblock, b.warps, b.stages, b.iterator)
+def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
+    def rows_for(dtype):
+        return [r for r in rows if _dtype_and_alignment(r) == (dtype, key.alignment)
+                and (not r["Operation"].startswith("cutlass_ops_")
+                     or r["Operation"].startswith(f"cutlass_ops_{key.op}_") and f"_sm{key.family}_" in r["Operation"])]
 
-
-def _with_limit(t: Tile, limit: int) -> Tile:
-    return Tile(t.threadblock, t.warps, t.stages, t.iterator, limit)
+    mine = rows_for(key.dtype)
+    if not mine:  # fp16 and bf16 share instruction shape and bytes: borrow the other's winners
+        other = {"f16": "bf16", "bf16": "f16"}.get(key.dtype)
+        mine = rows_for(other) if other else []
+    best: dict[Problem, Rule] = {}
+    for row in mine:
+        problem = Problem(int(row["c"]), int(row["k"]), int(row["r"]), int(row["s"]),
+                          int(row["stride_h"]), int(row["n"]) * int(row["p"]) * int(row["q"]))
+        rule = Rule(problem, _row_tile(row, key), float(row["Runtime"]))
+        if problem not in best or rule.runtime_ms < best[problem].runtime_ms:
+            best[problem] = rule
+    return [best[p] for p in sorted(best, key=lambda p: (p.c, p.k, p.r, p.s, p.stride, p.gemm_m))]
 
 
 def profile_files(profiles_dir: Path, family: int) -> list[Path]:
@@ -124,18 +157,23 @@ def profile_files(profiles_dir: Path, family: int) -> list[Path]:
     return sorted(profiles_dir.glob(f"*/sm{family}.csv"))
 
 
-def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile], str]:
-    """The tiles to instantiate for one key, and where they came from (for the build log)."""
-    if profiles_dir is not None:
-        rows: list[dict] = []
-        sources = []
-        for path in profile_files(profiles_dir, key.family):
-            try:
-                rows += read_profile_rows(path)
-                sources.append(path.parent.name)
-            except (ProfileError, OSError, csv.Error) as e:
-                warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")
-        tiles = tiles_from_profiles(rows, key)
-        if tiles:
-            return tiles, "profile " + "+".join(sources)
-    return default_tiles(key), "default"
+def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile], list[Rule], str]:
+    """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
+    tiles = default_tiles(key)
+    if profiles_dir is None:
+        return tiles, [], "default"
+    rows: list[dict] = []
+    sources = []
+    for path in profile_files(profiles_dir, key.family):
+        try:
+            rows += read_profile_rows(path)
+            sources.append(path.parent.name)
+        except (ProfileError, OSError, csv.Error) as e:
+            warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")
+    rules = rules_from_profiles(rows, key)
+    if not rules:
+        return tiles, [], "default"
+    for rule in rules:
+        if rule.tile not in tiles:
+            tiles.append(rule.tile)
+    return tiles, rules, "default + profile " + "+".join(sources)

@@ -9,19 +9,22 @@ import pytest
 from cutlass_ops_gen.__main__ import main as generate, parse_archs
 from cutlass_ops_gen.emitter import emit_instance, kernel_name
 from cutlass_ops_gen.manifest import InstanceKey, arch_families, instance_keys
-from cutlass_ops_gen.tiles import Tile, default_tiles, select_tiles
+from cutlass_ops_gen.tiles import Problem, Tile, default_tiles, select_tiles
 
 KEY = InstanceKey("conv2d_fused", 80, "f16", 8)
 
 HEADER = ("Problem,Provider,OperationKind,Operation,Disposition,Status,conv_kind,n,h,w,c,k,r,s,"
-          "p,q,cta_m,cta_n,cta_k,stages,warps_m,warps_n,warps_k,Runtime\n")
+          "p,q,pad_h,pad_w,stride_h,stride_w,Activation,cta_m,cta_n,cta_k,stages,warps_m,warps_n,"
+          "warps_k,Runtime\n")
 
 
-def _row(i, name, k, tile, stages, warps, runtime, disposition="passed"):
-    m, n, kk = tile
+def _row(i, name, n, k, tile, stages, warps, runtime, disposition="passed", c=64, hw=16, stride=1,
+         activation="f16:nhwc"):
+    m, nn, kk = tile
     wm, wn, wk = warps
-    return (f"{i},CUTLASS,conv2d,{name},{disposition},success,fprop,128,16,16,64,{k},3,3,16,16,"
-            f"{m},{n},{kk},{stages},{wm},{wn},{wk},{runtime}\n")
+    p = hw // stride
+    return (f"{i},cutlass_ops,conv2d,{name},{disposition},success,fprop,{n},{hw},{hw},{c},{k},3,3,"
+            f"{p},{p},1,1,{stride},{stride},{activation},{m},{nn},{kk},{stages},{wm},{wn},{wk},{runtime}\n")
 
 
 def _profile(tmp_path, text, gpu="h200"):
@@ -53,7 +56,7 @@ def test_instance_keys_ci_is_small_and_volta_is_f16_align8():
 def test_names_are_unique_and_carry_op_dtype_alignment():
     names = [kernel_name(k, t) for k in instance_keys([70, 80], "all") for t in default_tiles(k)]
     assert len(names) == len(set(names))
-    assert kernel_name(KEY, default_tiles(KEY)[1]) == "cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_o_align8"
+    assert kernel_name(KEY, default_tiles(KEY)[1]) == "cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_2x2w_o_align8"
 
 
 def test_emitted_instance_uses_broadcast_kernel_and_our_epilogue():
@@ -91,47 +94,73 @@ def test_generator_writes_instances_table_and_cmake_list(tmp_path):
 
 
 def test_defaults_without_profiles(tmp_path):
-    tiles, origin = select_tiles(KEY, tmp_path)
-    assert origin == "default" and tiles == default_tiles(KEY)
-    assert tiles[-1].max_out_channels == 0  # a catch-all tile always exists
+    tiles, rules, origin = select_tiles(KEY, tmp_path)
+    assert origin == "default" and tiles == default_tiles(KEY) and rules == []
 
 
-def test_profile_winners_per_output_channel_count(tmp_path):
-    f16 = "cutlass_ops_conv2d_fused_f16_sm80_{}_align8"
-    text = HEADER + "".join([
-        _row(1, f16.format("a"), 64, (128, 64, 32), 4, (2, 2, 1), 0.020),
-        _row(2, f16.format("b"), 64, (64, 64, 32), 5, (2, 2, 1), 0.015),   # k=64 winner
-        _row(3, f16.format("c"), 256, (128, 128, 32), 3, (2, 2, 1), 0.050),  # k=256 winner
-        _row(4, f16.format("d"), 256, (64, 64, 32), 5, (2, 2, 1), 0.060),
-        _row(5, f16.format("e"), 256, (32, 32, 32), 2, (1, 1, 1), 0.001, disposition="failed"),
-        # Other dtype and alignment: ignored for this key.
-        _row(6, "cutlass_ops_conv2d_fused_bf16_sm80_x_align8", 64, (32, 32, 32), 2, (1, 1, 1), 0.001),
-        _row(7, "cutlass_ops_conv2d_fused_f16_sm80_x_align4", 64, (32, 32, 32), 2, (1, 1, 1), 0.001),
+F16 = "cutlass_ops_conv2d_fused_f16_sm80_{}_align8"
+
+
+def test_profile_winner_per_problem_and_defaults_kept(tmp_path):
+    small, big = Tile((64, 64, 32), (2, 2, 1), 6), Tile((256, 64, 32), (4, 1, 1), 4)
+    text = "# gpu: test\n" + HEADER + "".join([
+        _row(1, F16.format("a"), 1, 64, (128, 64, 32), 4, (2, 2, 1), 0.020),
+        _row(2, F16.format("b"), 1, 64, (64, 64, 32), 6, (2, 2, 1), 0.015),     # N=1 winner
+        _row(3, F16.format("c"), 128, 64, (256, 64, 32), 4, (4, 1, 1), 0.010),  # N=128 winner
+        _row(4, F16.format("d"), 128, 64, (64, 64, 32), 6, (2, 2, 1), 0.012),
+        _row(5, F16.format("e"), 128, 64, (32, 32, 32), 2, (1, 1, 1), 0.001, disposition="incorrect"),
+        # Other dtype, alignment or op: not this key's.
+        _row(6, "cutlass_ops_conv2d_fused_bf16_sm80_x_align8", 1, 64, (32, 32, 32), 2, (1, 1, 1), 0.001),
+        _row(7, "cutlass_ops_conv2d_fused_f16_sm80_x_align4", 1, 64, (32, 32, 32), 2, (1, 1, 1), 0.001),
     ])
-    tiles, origin = select_tiles(KEY, _profile(tmp_path, text))
-    assert origin == "profile h200"
-    assert tiles == [Tile((64, 64, 32), (2, 2, 1), 5, max_out_channels=64),
-                     Tile((128, 128, 32), (2, 2, 1), 3, max_out_channels=0)]
+    tiles, rules, origin = select_tiles(KEY, _profile(tmp_path, text))
+    assert origin == "default + profile h200"
+    assert tiles == default_tiles(KEY) + [small, big]  # defaults stay: shapes no rule covers
+    assert [(r.problem, r.tile) for r in rules] == [
+        (Problem(64, 64, 3, 3, 1, 1 * 16 * 16), small), (Problem(64, 64, 3, 3, 1, 128 * 16 * 16), big)]
 
 
-def test_profile_same_winner_merges(tmp_path):
-    name = "cutlass_ops_conv2d_fused_f16_sm80_t_align8"
-    text = HEADER + _row(1, name, 64, (128, 128, 32), 3, (2, 2, 1), 0.01) + \
-        _row(2, name, 128, (128, 128, 32), 3, (2, 2, 1), 0.02)
-    tiles, _ = select_tiles(KEY, _profile(tmp_path, text))
-    assert tiles == [Tile((128, 128, 32), (2, 2, 1), 3)]
+def test_bf16_borrows_f16_winners_and_cutlass_profiler_rows_count(tmp_path):
+    # A real cutlass_profiler row: its own kernel name, dtype from the Activation column.
+    text = HEADER + _row(1, "cutlass_tensorop_h16816fprop_optimized_128x128_32x3_nhwc_align8", 8, 128,
+                         (128, 128, 32), 3, (2, 2, 1), 0.05, c=128, hw=8)
+    key = InstanceKey("conv2d_fused", 80, "bf16", 8)
+    tiles, rules, _ = select_tiles(key, _profile(tmp_path, text))
+    assert [(r.problem, r.tile) for r in rules] == [
+        (Problem(128, 128, 3, 3, 1, 8 * 8 * 8), Tile((128, 128, 32), (2, 2, 1), 3))]
+
+
+def test_rules_reach_the_dispatch_table(tmp_path):
+    text = HEADER + _row(1, F16.format("a"), 128, 64, (256, 64, 32), 4, (4, 1, 1), 0.01)
+    _profile(tmp_path / "profiles", text)
+    out = tmp_path / "gen"
+    generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
+    table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
+    names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
+    rule = re.search(r"\{80, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+)\}", table)
+    assert rule and names[int(rule.group(1))] == "cutlass_ops_conv2d_fused_f16_sm80_256x64x32_4s_4x1w_o_align8"
+    assert "kNumProfileRules = 2" in table  # the f16 rule, and bf16 borrowing it
 
 
 def test_malformed_profile_warns_and_falls_back(tmp_path):
     _profile(tmp_path, "Problem,Operation,Runtime\n1,x,0.1\n")
     with pytest.warns(UserWarning, match="missing columns"):
-        tiles, origin = select_tiles(KEY, tmp_path)
-    assert origin == "default" and tiles == default_tiles(KEY)
+        tiles, rules, origin = select_tiles(KEY, tmp_path)
+    assert origin == "default" and tiles == default_tiles(KEY) and rules == []
 
 
 def test_profile_with_bad_number_warns(tmp_path):
-    text = HEADER + _row(1, "cutlass_ops_conv2d_fused_f16_sm80_t_align8", 64, (128, 128, 32), 3,
-                         (2, 2, 1), "fast")
-    with pytest.warns(UserWarning, match="bad Runtime"):
-        _, origin = select_tiles(KEY, _profile(tmp_path, text))
-    assert origin == "default"
+    text = HEADER + _row(1, F16.format("t"), 1, 64, (128, 128, 32), 3, (2, 2, 1), "fast")
+    with pytest.warns(UserWarning, match="bad number"):
+        _, rules, origin = select_tiles(KEY, _profile(tmp_path, text))
+    assert origin == "default" and rules == []
+
+
+def test_sweep_set_adds_candidate_tiles_for_f16_align8(tmp_path):
+    from cutlass_ops_gen.tiles import SWEEP_TILES
+    out = tmp_path / "gen"
+    generate(["--archs", "80", "--kernels", "sweep", "--out", str(out)])
+    names = {p.stem for p in out.glob("*.cu")}
+    key = InstanceKey("conv2d_fused", 80, "f16", 8)
+    assert all(kernel_name(key, t) in names for t in SWEEP_TILES)
+    assert not any(kernel_name(InstanceKey("conv2d_fused", 80, "bf16", 8), t) in names for t in SWEEP_TILES)

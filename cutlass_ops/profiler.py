@@ -1,0 +1,190 @@
+"""Profiler sweep: every built conv2d_fused kernel on a model's conv problems, timed on this
+GPU, written to profiles/<gpu>/sm<family>.csv in the CUTLASS profiler's conv2d columns.
+
+The generator (python/cutlass_ops_gen/tiles.py) reads these files at the next build: it
+instantiates each problem's fastest tile and emits a dispatch rule for it.  Build with
+CUTLASS_OPS_KERNELS=sweep first so the candidate tiles exist.  Rows are appended as they
+are measured, and problems already in the file are skipped: a sweep resumes where an
+earlier (interrupted) one stopped.
+"""
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .bench import environment
+from .ops import conv2d_fused
+
+# The CUTLASS profiler's conv2d CSV columns (tools/profiler), in its order.
+COLUMNS = ("Problem,Provider,OperationKind,Operation,Disposition,Status,conv_kind,n,h,w,c,k,r,s,p,q,g,"
+           "pad_h,pad_w,stride_h,stride_w,dilation_h,dilation_w,Activation,Filter,Output,conv_mode,"
+           "iterator_algorithm,alpha,beta,split_k_mode,split_k_slices,eq_gemm_provider,op_class,accum,"
+           "cta_m,cta_n,cta_k,cluster_m,cluster_n,cluster_k,cluster_m_fallback,cluster_n_fallback,"
+           "cluster_k_fallback,stages,warps_m,warps_n,warps_k,inst_m,inst_n,inst_k,min_cc,max_cc,"
+           "Bytes,Flops,Flops/Byte,Runtime,GB/s,GFLOPs").split(",")
+
+_NAME = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>\d+)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
+                   r"_(?P<stages>\d+)s_(?P<wm>\d+)x(?P<wn>\d+)w_(?P<it>[oa])_align(?P<align>\d+)$")
+
+
+def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
+    """Every conv FusedResNet runs (stem, conv1, conv2, downsample per block), per batch size."""
+    from .models import SEResNet9FixUp
+    model = SEResNet9FixUp(in_channels)
+    problems = []
+    for n in batch_sizes:
+        problems.append(dict(n=n, h=16, w=16, c=16 * in_channels, k=64, r=1, s=1, pad=0, stride=1))
+        hw = 16
+        for layer in model.layers:
+            blk = layer[0]
+            c, k, st = blk.conv1.in_channels, blk.conv1.out_channels, blk.conv1.stride[0]
+            out = hw // st
+            problems.append(dict(n=n, h=hw, w=hw, c=c, k=k, r=3, s=3, pad=1, stride=st))
+            problems.append(dict(n=n, h=out, w=out, c=k, k=k, r=3, s=3, pad=1, stride=1))
+            if blk.downsample is not None:  # 1x1 on the pooled input
+                problems.append(dict(n=n, h=out, w=out, c=c, k=k, r=1, s=1, pad=0, stride=1))
+            hw = out
+    return problems
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100-sxm4-80gb'."""
+    name = name.lower().replace("nvidia", "").strip()
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def _problem_key(p: dict) -> tuple:
+    return (p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], p["pad"], p["stride"])
+
+
+def _done(path: Path) -> set:
+    if not path.exists():
+        return set()
+    with open(path, newline="") as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return {(r["Operation"],) + tuple(int(r[c]) for c in ("n", "h", "w", "c", "k", "r", "s", "pad_h", "stride_h"))
+                for r in rows}
+
+
+def _time_ms(fn, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
+          progress=lambda msg: print(msg, file=sys.stderr, flush=True)) -> int:
+    """Measures every built kernel of `dtype` on each problem; returns rows written."""
+    dname = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    cc = torch.cuda.get_device_capability()
+    family = 80 if cc >= (8, 0) else 70
+    kernels = [m for m in map(_NAME.match, torch.ops.cutlass_ops.conv2d_fused_kernels())
+               if m and m["dtype"] == dname and int(m["family"]) == family]
+    if not kernels:
+        raise RuntimeError(f"no {dname} sm{family} kernels in this build")
+    done = _done(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not out.exists()
+    env = environment()
+    jobs = [(p, k) for p in problems for k in kernels
+            if int(k["align"]) == 8 and p["c"] % 8 == 0 and p["k"] % 8 == 0
+            and (k.string,) + _problem_key(p) not in done]
+    progress(f"profile: {len(jobs)} measurements ({len(problems)} problems x {len(kernels)} kernels, "
+             f"{len(done)} already in {out})")
+    written, start = 0, time.time()
+    with open(out, "a", newline="") as f:
+        if new_file:
+            f.write(f"# cutlass_ops profile: {env.get('gpu')} (sm{env.get('sm')}), kernel family sm{family}, "
+                    f"driver {_driver()}, CUDA {env['cuda']}, torch {env['torch']}, {env['time']}\n")
+        writer = csv.DictWriter(f, COLUMNS)
+        if new_file:
+            writer.writeheader()
+        cache = {}
+        for i, (p, k) in enumerate(jobs, 1):
+            key = _problem_key(p)
+            if key not in cache:
+                cache = {key: _inputs(p, dtype)}  # one problem's tensors at a time
+            x, w, bias, ref = cache[key]
+            torch.ops.cutlass_ops.conv2d_fused_force_kernel(k.string)
+            try:
+                fn = lambda: conv2d_fused(x, w, bias, None, p["stride"], p["pad"], None, None, True)
+                y = fn()
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                ok = err < (5e-3 if dtype == torch.float16 else 3e-2)
+                split = conv2d_fused_split_k()
+                ms = _time_ms(fn, 3, iters) if ok else float("nan")
+                writer.writerow(_row(len(done) + i, p, k, dname, family, split, ms,
+                                     "passed" if ok else "incorrect"))
+                written += 1
+            except (ValueError, RuntimeError) as e:  # cannot run this problem: no row
+                progress(f"  skip {k.string}: {str(e).splitlines()[0][:120]}")
+            finally:
+                torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
+            if i % 10 == 0 or i == len(jobs):
+                f.flush()
+                eta = (time.time() - start) / i * (len(jobs) - i)
+                progress(f"  [{i}/{len(jobs)}] n={p['n']} {p['c']}->{p['k']} {p['h']}x{p['w']} "
+                         f"{p['r']}x{p['s']}/{p['stride']}  {k.string[25:]}  eta {eta:.0f} s")
+    return written
+
+
+def conv2d_fused_split_k() -> int:
+    name = torch.ops.cutlass_ops.conv2d_fused_last_kernel()
+    return int(name.split("split_k=")[1]) if "split_k=" in name else 1
+
+
+def _driver() -> str:
+    try:
+        import subprocess
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception:  # informative only
+        return "unknown"
+
+
+def _inputs(p: dict, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(p["n"], p["c"], p["h"], p["w"], device="cuda", dtype=dtype, generator=g)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(p["k"], p["c"], p["r"], p["s"], device="cuda", dtype=dtype, generator=g)
+    w = (w / (p["c"] * p["r"] * p["s"]) ** 0.5).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn((), device="cuda", generator=g)
+    ref = torch.relu(F.conv2d(x.float(), w.float(), stride=p["stride"], padding=p["pad"]) + bias)
+    return x, w, bias, ref
+
+
+def _row(idx, p, k, dname, family, split, ms, disposition) -> dict:
+    pq = [(d + 2 * p["pad"] - f) // p["stride"] + 1 for d, f in ((p["h"], p["r"]), (p["w"], p["s"]))]
+    flops = 2 * p["n"] * pq[0] * pq[1] * p["k"] * p["c"] * p["r"] * p["s"]
+    nbytes = 2 * (p["n"] * p["h"] * p["w"] * p["c"] + p["k"] * p["r"] * p["s"] * p["c"] + p["n"] * pq[0] * pq[1] * p["k"])
+    t = f"{dname}:nhwc"
+    row = dict(Problem=idx, Provider="cutlass_ops", OperationKind="conv2d", Operation=k.string,
+               Disposition=disposition, Status="success", conv_kind="fprop", n=p["n"], h=p["h"], w=p["w"],
+               c=p["c"], k=p["k"], r=p["r"], s=p["s"], p=pq[0], q=pq[1], g=1, pad_h=p["pad"], pad_w=p["pad"],
+               stride_h=p["stride"], stride_w=p["stride"], dilation_h=1, dilation_w=1, Activation=t,
+               Filter=t, Output=t, conv_mode="cross",
+               iterator_algorithm="optimized" if k["it"] == "o" else "analytic", alpha=1, beta=0,
+               split_k_mode="serial", split_k_slices=split, eq_gemm_provider="none", op_class="tensorop",
+               accum="f32", cta_m=k["m"], cta_n=k["n"], cta_k=k["k"], cluster_m=1, cluster_n=1, cluster_k=1,
+               cluster_m_fallback=1, cluster_n_fallback=1, cluster_k_fallback=1, stages=k["stages"],
+               warps_m=k["wm"], warps_n=k["wn"], warps_k=1, inst_m=16, inst_n=8, inst_k=16,
+               min_cc=family, max_cc=1024, Bytes=nbytes, Flops=flops, Runtime=f"{ms:.6f}")
+    row["Flops/Byte"] = f"{flops / nbytes:.2f}"
+    row["GB/s"] = f"{nbytes / (ms * 1e-3) / 1e9:.1f}" if ms == ms else ""
+    row["GFLOPs"] = f"{flops / (ms * 1e-3) / 1e9:.1f}" if ms == ms else ""
+    return row

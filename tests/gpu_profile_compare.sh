@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Profile this GPU and measure what the profile buys (README: Profiles):
+#   1. build the sweep kernel set, run the GPU tests of the profiler, sweep FusedResNet's
+#      conv problems into $OUT/<gpu>/sm80.csv (python -m cutlass_ops profile);
+#   2. build with default tiles, benchmark FusedResNet (N=128, 2048);
+#   3. build with that profile in profiles/, benchmark again.
+# Commit the CSV to profiles/<gpu>/ to make every later build use it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+ARCH=${ARCH:-$("$PYTHON" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())')}
+export MAX_JOBS=${MAX_JOBS:-16} CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
+
+build() {  # kernel set, profiles folder
+  CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_KERNELS=$1 "$PYTHON" -m pip install -q --no-build-isolation \
+    --no-deps . -Cbuild-dir="build-$1-$(basename "$2")" -Ccmake.define.CUTLASS_OPS_PROFILES="$2" \
+    > "/tmp/build-$1.log" 2>&1 || { tail -40 "/tmp/build-$1.log"; exit 1; }
+  grep -o "cutlass_ops_gen: .*" "/tmp/build-$1.log" || true
+}
+
+echo "== 1. sweep build and profile"
+build sweep "$(mktemp -d)"
+(cd /tmp && "$PYTHON" -P -m pytest -q -p no:cacheprovider "$OLDPWD/tests/python/test_profiler.py" 2>&1 | tail -2)
+gpu=$("$PYTHON" -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+(cd /tmp && "$PYTHON" -P -m cutlass_ops profile --profiles "$OUT" 2>&1 | grep -v "^  \[" | tail -5)
+
+echo "== 2. default tiles"
+build all "$(mktemp -d)"
+(cd /tmp && "$PYTHON" -P -m cutlass_ops bench resnet --batch 128 2048 --systems FusedResNet "FusedResNet graph=True" \
+   --out "$OUT/resnet_default.json" 2>/dev/null)
+
+echo "== 3. profile-selected tiles"
+profiles=$(mktemp -d); mkdir -p "$profiles/$gpu"; cp "$OUT/$gpu/sm80.csv" "$profiles/$gpu/"
+build all "$profiles"
+grep -h "profile" build-all-*/generated/*.cu | sort | uniq -c | head -3 || true
+(cd /tmp && "$PYTHON" -P -m cutlass_ops bench resnet --batch 128 2048 --systems FusedResNet "FusedResNet graph=True" \
+   --out "$OUT/resnet_profiled.json" 2>/dev/null)

@@ -1,0 +1,53 @@
+"""The profiler sweep (python -m cutlass_ops profile) and the forced-kernel hook it uses."""
+import csv
+
+import pytest
+import torch
+
+import cutlass_ops
+from cutlass_ops.profiler import COLUMNS, gpu_slug, resnet_problems, sweep
+from _helpers import HAS_CUDA
+
+
+def test_resnet_problems_cover_every_conv():
+    problems = resnet_problems([1, 128])
+    assert len(problems) == 2 * (1 + 2 + 3 * 3)  # stem, block 0 (2 convs), blocks 1-3 (3 each)
+    assert problems[0] == dict(n=1, h=16, w=16, c=48, k=64, r=1, s=1, pad=0, stride=1)
+    assert dict(n=128, h=4, w=4, c=256, k=512, r=3, s=3, pad=1, stride=2) in problems
+    assert dict(n=128, h=2, w=2, c=256, k=512, r=1, s=1, pad=0, stride=1) in problems  # downsample
+
+
+def test_gpu_slug():
+    assert gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_slug("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_sweep_writes_profiler_rows_and_resumes(tmp_path):
+    out = tmp_path / "h" / "sm80.csv"
+    problems = [dict(n=2, h=8, w=8, c=64, k=64, r=3, s=3, pad=1, stride=1)]
+    written = sweep(problems, out, iters=3)
+    kernels = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels() if "_f16_" in k and k.endswith("align8")]
+    assert written == len(kernels) > 0
+    with open(out) as f:
+        assert f.readline().startswith("# cutlass_ops profile:")
+        rows = list(csv.DictReader(f))
+    assert list(rows[0].keys()) == COLUMNS
+    assert {r["Operation"] for r in rows} == set(kernels)
+    assert all(r["Disposition"] == "passed" and float(r["Runtime"]) > 0 for r in rows)
+    assert sweep(problems, out, iters=3) == 0  # resumed: nothing left to measure
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_forced_kernel_runs_or_raises():
+    x = torch.randn(2, 64, 8, 8, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.half)
+    name = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels() if "_f16_" in k and k.endswith("align8")][-1]
+    try:
+        torch.ops.cutlass_ops.conv2d_fused_force_kernel(name)
+        cutlass_ops.conv2d_fused(x, w, padding=1)
+        assert cutlass_ops.conv2d_fused_last_kernel().split()[0] == name
+        with pytest.raises(ValueError, match="forced kernel"):
+            cutlass_ops.conv2d_fused(x[:, :12], w[:, :12], padding=1)  # alignment 4: cannot run
+    finally:
+        torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
