@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profile this GPU and measure what the profile buys (README: Profiles):
-#   1. build the sweep kernel set, run the GPU tests of the profiler, sweep FusedResNet's
-#      conv problems into $OUT/<gpu>/sm80.csv (python -m cutlass_ops profile);
+#   1. build the sweep kernel set with the tests and run them all (tests/run.sh), then sweep
+#      FusedResNet's conv problems into $OUT/<gpu>/sm80.csv (python -m cutlass_ops profile);
 #   2. build with default tiles, benchmark FusedResNet (N=128, 2048);
 #   3. build with that profile in profiles/, benchmark again.
 # Commit the CSV to profiles/<gpu>/ to make every later build use it.
@@ -20,9 +20,10 @@ build() {  # kernel set, profiles folder
   grep -o "cutlass_ops_gen: .*" "/tmp/build-$1.log" || true
 }
 
-echo "== 1. sweep build and profile"
-build sweep "$(mktemp -d)"
-(cd /tmp && "$PYTHON" -P -m pytest -q -p no:cacheprovider "$OLDPWD/tests/python/test_profiler.py" 2>&1 | tail -2)
+echo "== 1. sweep build, all tests, profile"
+CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_KERNELS=sweep BUILD_DIR=build-sweep PYTHON="$PYTHON" \
+  bash tests/run.sh -q > "$OUT/tests.log" 2>&1 || true
+grep -E "passed|failed|rror" "$OUT/tests.log" | tail -6
 gpu=$("$PYTHON" -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
 (cd /tmp && "$PYTHON" -P -m cutlass_ops profile --profiles "$OUT" 2>&1 | grep -v "^  \[" | tail -5)
 
