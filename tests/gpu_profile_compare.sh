@@ -7,9 +7,9 @@
 # Commit the CSV to profiles/<gpu>/ to make every later build use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu_results}; mkdir -p "$OUT"
+OUT=${OUT:-gpu_results}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 PYTHON=${PYTHON:-python3}
-ARCH=${ARCH:-$("$PYTHON" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())')}
+ARCH=${ARCH:-$(cd /tmp && "$PYTHON" -P -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())')}
 export MAX_JOBS=${MAX_JOBS:-16} CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 
@@ -24,7 +24,7 @@ echo "== 1. sweep build, all tests, profile"
 CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_KERNELS=sweep BUILD_DIR=build-sweep PYTHON="$PYTHON" \
   bash tests/run.sh -q > "$OUT/tests.log" 2>&1 || true
 grep -E "passed|failed|rror" "$OUT/tests.log" | tail -6
-gpu=$("$PYTHON" -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
 (cd /tmp && "$PYTHON" -P -m cutlass_ops profile --profiles "$OUT" 2>&1 | grep -v "^  \[" | tail -5)
 
 echo "== 2. default tiles"
