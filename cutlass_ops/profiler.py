@@ -35,7 +35,8 @@ _NAME = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>\d+)
 
 
 def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
-    """Every conv FusedResNet runs (stem, conv1, conv2, downsample per block), per batch size."""
+    """Every distinct conv FusedResNet runs (stem, conv1, conv2, downsample per block), per
+    batch size (block 0's conv1 and conv2 are one problem)."""
     from .models import SEResNet9FixUp
     model = SEResNet9FixUp(in_channels)
     problems = []
@@ -51,7 +52,10 @@ def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
             if blk.downsample is not None:  # 1x1 on the pooled input
                 problems.append(dict(n=n, h=out, w=out, c=c, k=k, r=1, s=1, pad=0, stride=1))
             hw = out
-    return problems
+    unique = {}
+    for p in problems:
+        unique.setdefault(_problem_key(p), p)
+    return list(unique.values())
 
 
 def gpu_slug(name: str) -> str:
@@ -73,17 +77,28 @@ def _done(path: Path) -> set:
                 for r in rows}
 
 
-def _time_ms(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
+def _time_ms(fn, iters: int, reps: int = 10) -> float:
+    """Median GPU time of one fn() call.  Timed as replays of a CUDA graph of `reps` calls:
+    an eager call costs ~35 us of host work, more than most of these kernels take, so
+    timing eager calls would rank tiles by noise (the first sweep on the H200 did)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
         fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        graph.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / reps)
     return statistics.median(times)
 
 
@@ -127,7 +142,7 @@ def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 ok = err < (5e-3 if dtype == torch.float16 else 3e-2)
                 split = conv2d_fused_split_k()
-                ms = _time_ms(fn, 3, iters) if ok else float("nan")
+                ms = _time_ms(fn, iters) if ok else float("nan")
                 writer.writerow(_row(len(done) + i, p, k, dname, family, split, ms,
                                      "passed" if ok else "incorrect"))
                 written += 1

@@ -11,7 +11,8 @@ from _helpers import HAS_CUDA
 
 def test_resnet_problems_cover_every_conv():
     problems = resnet_problems([1, 128])
-    assert len(problems) == 2 * (1 + 2 + 3 * 3)  # stem, block 0 (2 convs), blocks 1-3 (3 each)
+    # stem, block 0 (conv1 == conv2: one problem), blocks 1-3 (conv1, conv2, downsample)
+    assert len(problems) == 2 * (1 + 1 + 3 * 3)
     assert problems[0] == dict(n=1, h=16, w=16, c=48, k=64, r=1, s=1, pad=0, stride=1)
     assert dict(n=128, h=4, w=4, c=256, k=512, r=3, s=3, pad=1, stride=2) in problems
     assert dict(n=128, h=2, w=2, c=256, k=512, r=1, s=1, pad=0, stride=1) in problems  # downsample
