@@ -16,7 +16,6 @@ def _dtype(name: str):
 
 
 def cmd_info(args) -> int:
-    import torch
     import cutlass_ops
     from .bench import environment
     info = environment()
@@ -75,7 +74,6 @@ def cmd_bench(args) -> int:
 
 
 def bench_resnet_cmd(args) -> int:
-    import torch
     from .bench import bench_resnet, environment, plot_resnet, print_resnet_table, write_json
     dtype = _dtype(args.dtype or "fp16")
     systems = args.systems or None

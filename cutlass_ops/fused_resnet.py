@@ -19,7 +19,6 @@ space-to-depth layout copy is its own kernel.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import nn

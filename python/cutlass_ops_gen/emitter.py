@@ -10,12 +10,11 @@ Its ``procedural_name()`` leaves the epilogue (and the op) out, so names are our
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from cutlass_library import library as cl
 from cutlass_library.conv2d_operation import Conv2dOperation, EmitConv2dInstance
 
-from .manifest import CONV2D_FUSED, OP_FAMILIES, InstanceKey
+from .manifest import CONV2D_FUSED, InstanceKey
 from .tiles import Tile
 
 _DTYPE = {"f16": cl.DataType.f16, "bf16": cl.DataType.bf16}

@@ -1,8 +1,5 @@
 """Unit tests of the build-time generator (run by ctest; CPU only, no compiler needed)."""
 import re
-import textwrap
-import warnings
-from pathlib import Path
 
 import pytest
 
