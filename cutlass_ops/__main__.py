@@ -103,7 +103,15 @@ def cmd_profile(args) -> int:
     cc = torch.cuda.get_device_capability()
     out = Path(args.out) if args.out else (
         Path(args.profiles) / gpu_slug(torch.cuda.get_device_name()) / f"sm{80 if cc >= (8, 0) else 70}.csv")
-    problems = resnet_problems(args.batch, args.in_channels)
+    if args.model:
+        import importlib
+        from .profiler import problems_from_model
+        module, _, attr = args.model.partition(":")
+        model = getattr(importlib.import_module(module), attr)()
+        shape = [int(v) for v in args.input_shape.split(",")]
+        problems = problems_from_model(model, shape, args.batch)
+    else:
+        problems = resnet_problems(args.batch, args.in_channels)
     n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
     print(f"profile: wrote {n} rows to {out}; rebuild to use them (see README: Profiles)")
     return 0
@@ -141,7 +149,12 @@ def main(argv=None) -> int:
                                         "CUTLASS_OPS_KERNELS=sweep first); resumes an interrupted sweep")
     pr.add_argument("--batch", type=int, nargs="+", default=[1, 32, 128, 512, 2048],
                     help="batch sizes (default 1 32 128 512 2048)")
-    pr.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11])
+    pr.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11],
+                    help="FusedResNet input channels (default 3)")
+    pr.add_argument("--model", default=None,
+                    help="profile another model's convs instead: 'package.module:factory' "
+                         "(called with no arguments), with --input-shape")
+    pr.add_argument("--input-shape", default="3,64,64", help="with --model: C,H,W of one input")
     pr.add_argument("--dtype", choices=["fp16", "bf16"], default=None, help="default fp16")
     pr.add_argument("--iters", type=int, default=20, help="timed runs per kernel (median)")
     pr.add_argument("--profiles", default="profiles", help="profiles folder (default ./profiles)")

@@ -9,6 +9,7 @@ earlier (interrupted) one stopped.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import re
 import statistics
@@ -36,7 +37,9 @@ _NAME = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>\d+)
 
 def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
     """Every distinct conv FusedResNet runs (stem, conv1, conv2, downsample per block), per
-    batch size (block 0's conv1 and conv2 are one problem)."""
+    batch size (block 0's conv1 and conv2 are one problem).  FusedResNet's convs differ
+    from the reference module's (the stem is a 1x1 conv on the space-to-depth input, the
+    downsample a 1x1 conv on the pooled map), so they are listed here, not hooked."""
     from .models import SEResNet9FixUp
     model = SEResNet9FixUp(in_channels)
     problems = []
@@ -54,6 +57,35 @@ def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
             hw = out
     unique = {}
     for p in problems:
+        unique.setdefault(_problem_key(p), p)
+    return list(unique.values())
+
+
+def problems_from_model(model: torch.nn.Module, input_shape, batch_sizes) -> list[dict]:
+    """The conv problems `model` runs on inputs (N, *input_shape), read with forward hooks
+    on its nn.Conv2d modules (grouped or dilated convs are skipped: no kernels for them)."""
+    seen: list[dict] = []
+
+    def hook(conv, inputs, _output):
+        x = inputs[0]
+        if conv.groups != 1 or conv.dilation != (1, 1) or conv.stride[0] != conv.stride[1] \
+                or conv.padding[0] != conv.padding[1] or isinstance(conv.padding, str):
+            return
+        seen.append(dict(n=x.shape[0], h=x.shape[2], w=x.shape[3], c=conv.in_channels,
+                         k=conv.out_channels, r=conv.kernel_size[0], s=conv.kernel_size[1],
+                         pad=conv.padding[0], stride=conv.stride[0]))
+
+    model = copy.deepcopy(model).to("meta")  # shapes only: no memory, no compute
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    try:
+        with torch.no_grad():
+            for n in batch_sizes:
+                model(torch.empty(n, *input_shape, device="meta"))
+    finally:
+        for h in handles:
+            h.remove()
+    unique = {}
+    for p in seen:
         unique.setdefault(_problem_key(p), p)
     return list(unique.values())
 

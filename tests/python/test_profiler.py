@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import cutlass_ops
-from cutlass_ops.profiler import COLUMNS, gpu_slug, resnet_problems, sweep
+from cutlass_ops.models import SEResNet9FixUp
+from cutlass_ops.profiler import COLUMNS, gpu_slug, problems_from_model, resnet_problems, sweep
 from _helpers import HAS_CUDA
 
 
@@ -16,6 +17,13 @@ def test_resnet_problems_cover_every_conv():
     assert problems[0] == dict(n=1, h=16, w=16, c=48, k=64, r=1, s=1, pad=0, stride=1)
     assert dict(n=128, h=4, w=4, c=256, k=512, r=3, s=3, pad=1, stride=2) in problems
     assert dict(n=128, h=2, w=2, c=256, k=512, r=1, s=1, pad=0, stride=1) in problems  # downsample
+
+
+def test_problems_from_model_hooks_every_conv():
+    problems = problems_from_model(SEResNet9FixUp(3), (3, 64, 64), [2, 8])
+    # The reference runs the same convs as FusedResNet except the downsample (a 1x1 conv on
+    # the 3x3/s2-pooled input there too, so the same problem): one list per batch size.
+    assert sorted(map(str, problems)) == sorted(map(str, resnet_problems([2, 8])))
 
 
 def test_gpu_slug():
