@@ -9,6 +9,7 @@ registers the fake (meta) implementations for torch.compile, and adds Python wra
 """
 from ._library import build_info, cuda_kernels_built
 from .ops import conv2d_fused, conv2d_fused_last_kernel, se_gate
+from . import autograd  # noqa: F401  (registers the backward of the ops above)
 from .giou import giou_loss, giou_loss_padded, giou_loss_ragged
 from .nn import FusedConv2d
 from .fused_resnet import FusedResNet

@@ -38,9 +38,10 @@ def space_to_depth_nhwc(x: torch.Tensor, block: int = 4) -> torch.Tensor:
 
 
 class FusedResNet(SEResNet9FixUp):
-    """Drop-in for ``SEResNet9FixUp`` (inference).  ``graph=True`` replays a CUDA graph per
-    input shape/dtype (the output tensor is then reused by the next call of that shape:
-    clone it to keep it).  FixUp scalars and SE weights stay float32 whatever the model
+    """Drop-in for ``SEResNet9FixUp``.  ``graph=True`` replays a CUDA graph per input
+    shape/dtype under ``torch.no_grad()`` (the output tensor is then reused by the next call
+    of that shape: clone it to keep it).  Training works, with the backward computed by ATen
+    (cutlass_ops/autograd.py), not by fused kernels yet.  FixUp scalars and SE weights stay float32 whatever the model
     dtype: they are tiny and the kernels use them in float32.
     """
 
@@ -114,7 +115,8 @@ class FusedResNet(SEResNet9FixUp):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if self.graph and x.is_cuda and not torch.cuda.is_current_stream_capturing():
+        if self.graph and x.is_cuda and not torch.is_grad_enabled() \
+                and not torch.cuda.is_current_stream_capturing():
             return self._graphed(x)
         return self._fused_forward(x)
 
@@ -125,7 +127,9 @@ class FusedResNet(SEResNet9FixUp):
         # The stem's epilogue adds block 0's b1a: xa = relu(stem) + b1a.  Block 0's identity
         # is the stem output itself, recovered in se_gate as xa + (-b1a).
         xa = conv2d_fused(s2d, self.stem[1].weight, relu=True, post_bias=b1a0)
-        neg_b1a0 = self._cached("neg_b1a0", b1a0, lambda t: -t)
+        # Cached for inference; recomputed (one tiny kernel) when b1a needs a gradient.
+        neg_b1a0 = -b1a0 if torch.is_grad_enabled() and b1a0.requires_grad else \
+            self._cached("neg_b1a0", b1a0, lambda t: -t)
         pooled = None
         for i, blk in enumerate(blocks):
             stride = blk.conv1.stride[0]

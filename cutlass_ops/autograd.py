@@ -1,0 +1,109 @@
+"""Autograd for conv2d_fused and se_gate: backward through ATen, not fused kernels yet.
+
+Training works (loss.backward(), torch.optim, autocast-free fp16/bf16 and float32) with
+gradients from float32 (float64 for double) ATen math: the conv's dgrad/wgrad through
+aten.convolution_backward, the epilogue and the SE gate by recomputing their forward.
+Nothing is saved beyond the op inputs and the conv output; the fused CUTLASS dgrad/wgrad
+kernels are future work (issue: FusedResNet training).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _grad_like(g, t):
+    return None if g is None or t is None else g.to(t.dtype).reshape(t.shape)
+
+
+# ---- conv2d_fused: y = act(scale * conv(x, w) + bias + residual) + post_bias -------------------
+
+def _conv_setup(ctx, inputs, output):
+    x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs
+    ctx.save_for_backward(x, w, bias, residual, scale)
+    ctx.stride, ctx.padding, ctx.relu = list(stride), list(padding), relu
+    # needs_input_grad covers the arguments the call passed (trailing defaults are dropped).
+    ctx.needs = list(ctx.needs_input_grad) + [False] * 9
+    ctx.has_post_bias = post_bias is not None
+    ctx.post_bias_meta = (post_bias.shape, post_bias.dtype) if post_bias is not None else None
+
+
+def _conv_backward(ctx, grad):
+    x, w, bias, residual, scale = ctx.saved_tensors
+    cd = _compute_dtype(x)
+    xf, wf, g = x.to(cd), w.to(cd), grad.to(cd)
+    conv = F.conv2d(xf, wf, stride=ctx.stride, padding=ctx.padding)
+    s = scale.to(cd).reshape(()) if scale is not None else None
+    grad_post = None
+    if ctx.has_post_bias:
+        shape, dtype = ctx.post_bias_meta
+        grad_post = g.sum().to(dtype).reshape(shape)
+    if ctx.relu:  # recompute the pre-activation for the mask (torch.relu: zero at <= 0)
+        z = conv * s if s is not None else conv
+        if bias is not None:
+            z = z + (bias.to(cd).view(1, -1, 1, 1) if bias.dim() == 1 else bias.to(cd))
+        if residual is not None:
+            z = z + residual.to(cd)
+        g = g * (z > 0)
+    grad_bias = None
+    needs = ctx.needs
+    if bias is not None and needs[2]:
+        grad_bias = g.sum(dim=(0, 2, 3)) if bias.dim() == 1 else g.sum()
+    grad_residual = g if residual is not None and needs[3] else None
+    grad_scale = (g * conv).sum() if s is not None and needs[4] else None
+    g_conv = g * s if s is not None else g
+    grad_x = grad_w = None
+    if needs[0] or needs[1]:
+        grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
+            g_conv, xf, wf, None, ctx.stride, ctx.padding, [1, 1], False, [0, 0], 1,
+            [needs[0], needs[1], False])
+    return (_grad_like(grad_x, x), _grad_like(grad_w, w), _grad_like(grad_bias, bias),
+            _grad_like(grad_residual, residual), _grad_like(grad_scale, scale), grad_post,
+            None, None, None)
+
+
+torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, setup_context=_conv_setup)
+
+
+# ---- se_gate: out = relu(h * g(h) + identity + identity_bias) + post_bias [, avgpool(out)] ------
+
+def se_gate_reference(h, identity, w1, b1, w2, b2, identity_bias, post_bias):
+    """The op's math in torch ops (differentiable); also the backward's recomputation."""
+    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), w1, b1)), w2, b2))
+    y = h * gate[:, :, None, None] + identity
+    if identity_bias is not None:
+        y = y + identity_bias.reshape(())
+    y = torch.relu(y)
+    return y + post_bias.reshape(()) if post_bias is not None else y
+
+
+def _se_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8])
+    ctx.avgpool = inputs[8]
+
+
+def _se_backward(ctx, grad_out, grad_pooled):
+    saved = ctx.saved_tensors
+    cd = _compute_dtype(saved[0])
+    leaves = [t.detach().to(cd).requires_grad_() if t is not None else None for t in saved]
+    with torch.enable_grad():
+        out = se_gate_reference(*leaves)
+        outputs, grads = [out], [grad_out.to(cd)]
+        if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
+            outputs.append(F.avg_pool2d(out, 3, 2, 1, count_include_pad=True))
+            grads.append(grad_pooled.to(cd))
+        needs = list(ctx.needs_input_grad) + [False] * 9
+        wanted = [t for t, need in zip(leaves, needs) if t is not None and need]
+        found = torch.autograd.grad(outputs, wanted, grads, allow_unused=True) if wanted else []
+    found = iter(found)
+    needs = list(ctx.needs_input_grad) + [False] * 9  # short when defaults were dropped
+    result = [_grad_like(next(found), s) if t is not None and need else None
+              for t, s, need in zip(leaves, saved, needs)]
+    return (*result, None)  # one per schema argument
+
+
+torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_context=_se_setup)

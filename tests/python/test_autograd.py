@@ -1,0 +1,95 @@
+"""Gradients of conv2d_fused, se_gate and FusedResNet (ATen backward, cutlass_ops/autograd.py)."""
+import pytest
+import torch
+
+import cutlass_ops
+from cutlass_ops.models import SEResNet9FixUp
+from _helpers import HAS_CUDA, errors
+from test_fused_resnet import randomize_
+
+D = torch.float64
+
+
+def _leaf(*shape, g):
+    return torch.randn(shape, generator=g, dtype=D).requires_grad_()
+
+
+@pytest.mark.parametrize("bias_kind", ["channel", "scalar", "none"])
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("residual", [True, False])
+def test_conv2d_fused_gradcheck(bias_kind, relu, residual):
+    g = torch.Generator().manual_seed(0)
+    x, w = _leaf(2, 3, 5, 6, g=g), _leaf(4, 3, 3, 3, g=g)
+    bias = {"channel": _leaf(4, g=g), "scalar": _leaf(g=g), "none": None}[bias_kind]
+    res = _leaf(2, 4, 3, 3, g=g) if residual else None
+    scale, post = _leaf(1, g=g), _leaf(g=g)
+    fn = lambda *a: cutlass_ops.conv2d_fused(a[0], a[1], a[2], a[3], 2, 1, a[4], a[5], relu)
+    assert torch.autograd.gradcheck(fn, (x, w, bias, res, scale, post))
+
+
+@pytest.mark.parametrize("avgpool", [False, True])
+def test_se_gate_gradcheck(avgpool):
+    g = torch.Generator().manual_seed(1)
+    h, idn = _leaf(2, 8, 5, 4, g=g), _leaf(2, 8, 5, 4, g=g)
+    args = (h, idn, _leaf(2, 8, g=g), _leaf(2, g=g), _leaf(8, 2, g=g), _leaf(8, g=g), _leaf(g=g), _leaf(g=g))
+
+    def fn(*a):
+        out = cutlass_ops.se_gate(*a, avgpool=avgpool)
+        return out if not avgpool else out[0].sum() + 3 * out[1].sum()
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def _grads(model, x):
+    x = x.detach().clone().requires_grad_()
+    out = model(x)
+    # A random projection: every output element gets its own weight.
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    (out.double() * weight.to(out.device)).sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    grads["input"] = x.grad
+    return grads
+
+
+def _check_grads(dtype, device, bound):
+    g = torch.Generator().manual_seed(3)
+    ref = randomize_(SEResNet9FixUp(3), g).to(device=device, dtype=dtype)
+    fused = cutlass_ops.FusedResNet.from_reference(ref).train()
+    r64 = SEResNet9FixUp(3).to(device=device, dtype=torch.float64)
+    r64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    x = torch.randn(3, 3, 64, 64, generator=g).to(device=device, dtype=dtype)
+    got, want = _grads(fused, x), _grads(r64, x.double())
+    worst = 0.0
+    for name, w in want.items():
+        rel, _ = errors(got[name], w)
+        worst = max(worst, rel)
+        assert rel <= bound, f"{name}: rel {rel:.2e}"
+    print(f"FusedResNet grads {dtype} {device}: worst rel {worst:.2e}")
+
+
+def test_fused_resnet_gradients_cpu_float64():
+    # Not ~1e-15: the FixUp scalars' gradients are sums of ~10^5 terms that largely cancel
+    # (block 0's b1a reaches the identity path as xa - b1a), which amplifies rounding.
+    _check_grads(torch.float64, "cpu", 1e-6)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype, bound", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
+def test_fused_resnet_gradients_cuda(dtype, bound):
+    _check_grads(dtype, "cuda", bound)
+
+
+def test_fused_resnet_trains_with_an_optimizer():
+    torch.manual_seed(0)
+    ref = randomize_(SEResNet9FixUp(1), torch.Generator().manual_seed(4))
+    model = cutlass_ops.FusedResNet.from_reference(ref).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 1, 64, 64)
+    target = torch.randn(4, 512, 2, 2)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
