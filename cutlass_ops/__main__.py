@@ -15,6 +15,11 @@ def _dtype(name: str):
     return getattr(torch, DTYPES[name])
 
 
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def cmd_info(args) -> int:
     import cutlass_ops
     from .bench import environment
@@ -144,6 +149,14 @@ def main(argv=None) -> int:
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)
+    t = sub.add_parser("train-check", help="train FusedResNet and the reference side by side on a "
+                                           "synthetic task; compare and plot the loss curves")
+    t.add_argument("--steps", type=int, default=50)
+    t.add_argument("--n", type=int, default=16, help="batch size (default 16)")
+    t.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    t.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    t.add_argument("--out", default="bench_results/train", help="output path without suffix (.json, .png)")
+    t.set_defaults(fn=lambda a: __import__("cutlass_ops.train_check", fromlist=["main"]).main(a))
     pr = sub.add_parser("profile", help="time every built conv kernel on FusedResNet's conv problems and "
                                         "write profiles/<gpu>/sm<family>.csv (build with "
                                         "CUTLASS_OPS_KERNELS=sweep first); resumes an interrupted sweep")

@@ -93,3 +93,22 @@ def test_fused_resnet_trains_with_an_optimizer():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_loss_curve_matches_the_reference():
+    from cutlass_ops.train_check import train_curves
+    result = train_curves(steps=6, n=4, device="cpu", dtype=torch.float32)
+    assert result["max_rel_diff"] < 1e-4, result["curves"]
+
+
+def test_training_step_under_torch_compile():
+    ref = randomize_(SEResNet9FixUp(1), torch.Generator().manual_seed(5))
+    fused = cutlass_ops.FusedResNet.from_reference(ref).train()
+    x = torch.randn(2, 1, 64, 64)
+    compiled = torch.compile(fused._fused_forward, fullgraph=True, backend="aot_eager")
+    compiled(x).square().sum().backward()
+    got = {n: p.grad.clone() for n, p in fused.named_parameters()}
+    fused.zero_grad()
+    fused(x).square().sum().backward()
+    for n, p in fused.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
