@@ -1,4 +1,4 @@
-"""FusedResNet: SE-ResNet9-FixUp inference from fused kernels.
+"""FusedResNet: SE-ResNet9-FixUp from fused kernels (forward; the backward is ATen).
 
 Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``; only
 the forward differs.  Per forward (17 kernels):
@@ -19,7 +19,6 @@ space-to-depth layout copy is its own kernel.
 """
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
@@ -38,11 +37,13 @@ def space_to_depth_nhwc(x: torch.Tensor, block: int = 4) -> torch.Tensor:
 
 
 class FusedResNet(SEResNet9FixUp):
-    """Drop-in for ``SEResNet9FixUp``.  ``graph=True`` replays a CUDA graph per input
-    shape/dtype under ``torch.no_grad()`` (the output tensor is then reused by the next call
-    of that shape: clone it to keep it).  Training works, with the backward computed by ATen
-    (cutlass_ops/autograd.py), not by fused kernels yet.  FixUp scalars and SE weights stay float32 whatever the model
-    dtype: they are tiny and the kernels use them in float32.
+    """Drop-in for ``SEResNet9FixUp``.
+
+    ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
+    output tensor is then reused by the next call of that shape: clone it to keep it).
+    Training works, with the backward computed by ATen (cutlass_ops/autograd.py), not by
+    fused kernels yet.  FixUp scalars and SE weights stay float32 whatever the model dtype:
+    they are tiny and the kernels use them in float32.
     """
 
     def __init__(self, in_channels: int = 3, base_planes: int = 64, graph: bool = False):
