@@ -82,7 +82,13 @@ def loop_reference(b1, b2, images, slot_shape, reduction, grad, eps=1e-7):
     return loss_and_grads(fn, b1.detach().double().cpu(), b2.detach().double().cpu(), grad.double())
 
 
-def check(out, ref, dtype, what):
+# Gradients near degenerate boxes are ill-conditioned (divisions by enclose + eps): float32
+# math gives up to ~1e-4 relative error there (worst over 400 random batches: 1.0e-4), so
+# float32 gradients get a looser bound than float32 losses (worst 1.7e-7).
+GRAD_TOLERANCE = {**TOLERANCE, torch.float32: (5e-4, 5e-4)}
+
+
+def check(out, ref, dtype, what, tolerance=TOLERANCE):
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     # Identical zero-width boxes have enclose + eps = eps: float16 gradients overflow to inf,
     # torchvision's too.  Those must be the same infinities; the rest is compared.
@@ -91,7 +97,7 @@ def check(out, ref, dtype, what):
     assert torch.equal(out[overflow], ref.to(dtype)[overflow]), f"{what}: overflow differs"
     out, ref = out[~overflow], ref[~overflow]
     rel, mx = errors(out, ref)
-    rel_tol, max_tol = TOLERANCE[dtype]
+    rel_tol, max_tol = tolerance[dtype]
     assert rel <= rel_tol and mx <= max_tol, f"{what}: rel {rel:.3e} max {mx:.3e}"
 
 
@@ -100,8 +106,8 @@ def check_all(ours, ref, dtype):
     loss_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     assert ours[0].dtype == loss_dtype and ours[1].dtype == dtype and ours[2].dtype == dtype
     check(ours[0], ref[0], loss_dtype, "loss")
-    check(ours[1], ref[1], dtype, "grad boxes1")
-    check(ours[2], ref[2], dtype, "grad boxes2")
+    check(ours[1], ref[1], dtype, "grad boxes1", GRAD_TOLERANCE)
+    check(ours[2], ref[2], dtype, "grad boxes2", GRAD_TOLERANCE)
 
 
 # ---- the flat (torchvision) form --------------------------------------------------------------
