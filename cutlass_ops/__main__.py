@@ -98,6 +98,19 @@ def bench_resnet_cmd(args) -> int:
     return 0
 
 
+def cmd_layers(args) -> int:
+    import torch
+    from .fused_resnet import FusedResNet
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = FusedResNet(args.in_channels).to(device=device, dtype=_dtype(args.dtype)).eval()
+    for n in args.batch:
+        x = torch.randn(n, args.in_channels, 64, 64, device=device, dtype=_dtype(args.dtype))
+        print(f"N={n} ({device}):")
+        for name, shape, kernel in model.kernel_report(x):
+            print(f"  {name:20s} {str(shape):22s} {kernel}")
+    return 0
+
+
 def cmd_profile(args) -> int:
     import torch
     import cutlass_ops  # noqa: F401
@@ -149,6 +162,12 @@ def main(argv=None) -> int:
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)
+    lay = sub.add_parser("layers", help="the kernel FusedResNet runs for each conv layer (tile, "
+                                        "alignment, split-K) at given batch sizes")
+    lay.add_argument("--batch", type=int, nargs="+", default=[1, 128, 2048])
+    lay.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    lay.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11])
+    lay.set_defaults(fn=cmd_layers)
     t = sub.add_parser("train-check", help="train FusedResNet and the reference side by side on a "
                                            "synthetic task; compare and plot the loss curves")
     t.add_argument("--steps", type=int, default=50)

@@ -121,28 +121,42 @@ class FusedResNet(SEResNet9FixUp):
             return self._graphed(x)
         return self._fused_forward(x)
 
-    def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def kernel_report(self, x: torch.Tensor) -> list[tuple[str, tuple, str]]:
+        """(layer, output shape, kernel) for each conv of one forward on x: which generated
+        kernel (tile, alignment, split-K) the dispatcher picked per layer, or "aten"."""
+        report: list = []
+        with torch.no_grad():
+            self._fused_forward(x, report)
+        return report
+
+    def _fused_forward(self, x: torch.Tensor, report: list | None = None) -> torch.Tensor:
+        def conv(name, *args, **kwargs):
+            y = conv2d_fused(*args, **kwargs)
+            if report is not None:
+                report.append((name, tuple(y.shape), torch.ops.cutlass_ops.conv2d_fused_last_kernel()))
+            return y
+
         blocks = self._blocks()
         s2d = space_to_depth_nhwc(x)
         b1a0 = blocks[0].fixup_bias1a
         # The stem's epilogue adds block 0's b1a: xa = relu(stem) + b1a.  Block 0's identity
         # is the stem output itself, recovered in se_gate as xa + (-b1a).
-        xa = conv2d_fused(s2d, self.stem[1].weight, relu=True, post_bias=b1a0)
+        xa = conv("stem", s2d, self.stem[1].weight, relu=True, post_bias=b1a0)
         # Cached for inference; recomputed (one tiny kernel) when b1a needs a gradient.
         neg_b1a0 = -b1a0 if torch.is_grad_enabled() and b1a0.requires_grad else \
             self._cached("neg_b1a0", b1a0, lambda t: -t)
         pooled = None
         for i, blk in enumerate(blocks):
             stride = blk.conv1.stride[0]
-            h = conv2d_fused(xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None, stride, 1,
-                             None, blk.fixup_bias2a, relu=True)
-            h = conv2d_fused(h, blk.conv2.weight, blk.fixup_bias2b.view(()), None, 1, 1,
-                             blk.fixup_scale, None, relu=False)
+            h = conv(f"layers.{i}.conv1", xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None,
+                     stride, 1, None, blk.fixup_bias2a, relu=True)
+            h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, blk.fixup_bias2b.view(()), None, 1, 1,
+                     blk.fixup_scale, None, relu=False)
             if blk.downsample is None:
                 identity, identity_bias = xa, neg_b1a0
             else:
                 # AvgPool2d(3, 2, 1) of xa came from the previous se_gate; here the 1x1 conv.
-                identity = conv2d_fused(pooled, blk.downsample[1].weight)
+                identity = conv(f"layers.{i}.downsample", pooled, blk.downsample[1].weight)
                 identity_bias = None
             nxt = blocks[i + 1] if i + 1 < len(blocks) else None
             fc1, fc2 = blk.se.excite[0], blk.se.excite[2]

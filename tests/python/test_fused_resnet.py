@@ -113,3 +113,18 @@ def test_torch_compile_traces_fused_resnet():
     compiled = torch.compile(fused._fused_forward, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), fused(x))
+
+
+def test_kernel_report_names_every_conv():
+    fused = cutlass_ops.FusedResNet(3)
+    report = fused.kernel_report(torch.randn(2, 3, 64, 64))
+    assert [r[0] for r in report] == ["stem", "layers.0.conv1", "layers.0.conv2"] + [
+        f"layers.{i}.{c}" for i in (1, 2, 3) for c in ("conv1", "conv2", "downsample")]
+    assert report[-1][1] == (2, 512, 2, 2) and all(r[2] == "aten" for r in report)  # CPU
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_kernel_report_on_cuda_names_generated_kernels():
+    fused = cutlass_ops.FusedResNet(3).cuda().half()
+    report = fused.kernel_report(torch.randn(4, 3, 64, 64, device="cuda", dtype=torch.half))
+    assert all(r[2].startswith("cutlass_ops_conv2d_fused_f16_") for r in report), report
