@@ -31,6 +31,7 @@ echo "== 2. default tiles"
 build all "$(mktemp -d)"
 (cd /tmp && "$PYTHON" -P -m cutlass_ops bench resnet --batch 128 2048 --systems FusedResNet "FusedResNet graph=True" \
    --out "$OUT/resnet_default.json" 2>/dev/null)
+(cd /tmp && "$PYTHON" -P -m cutlass_ops layers --batch 128 2048 > "$OUT/layers_default.txt")
 
 echo "== 3. profile-selected tiles"
 profiles=$(mktemp -d); mkdir -p "$profiles/$gpu"; cp "$OUT/$gpu/sm80.csv" "$profiles/$gpu/"
@@ -38,3 +39,4 @@ build all "$profiles"
 grep -h "profile" build-all-*/generated/*.cu | sort | uniq -c | head -3 || true
 (cd /tmp && "$PYTHON" -P -m cutlass_ops bench resnet --batch 128 2048 --systems FusedResNet "FusedResNet graph=True" \
    --out "$OUT/resnet_profiled.json" 2>/dev/null)
+(cd /tmp && "$PYTHON" -P -m cutlass_ops layers --batch 128 2048 | tee "$OUT/layers_profiled.txt")
