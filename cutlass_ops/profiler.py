@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import csv
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .bench import environment
+from .bench import environment, graphed, time_cuda
 from .ops import conv2d_fused
 
 # The CUTLASS profiler's conv2d CSV columns (tools/profiler), in its order.
@@ -55,10 +54,7 @@ def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
             if blk.downsample is not None:  # 1x1 on the pooled input
                 problems.append(dict(n=n, h=out, w=out, c=c, k=k, r=1, s=1, pad=0, stride=1))
             hw = out
-    unique = {}
-    for p in problems:
-        unique.setdefault(_problem_key(p), p)
-    return list(unique.values())
+    return _unique(problems)
 
 
 def problems_from_model(model: torch.nn.Module, input_shape, batch_sizes) -> list[dict]:
@@ -84,10 +80,7 @@ def problems_from_model(model: torch.nn.Module, input_shape, batch_sizes) -> lis
     finally:
         for h in handles:
             h.remove()
-    unique = {}
-    for p in seen:
-        unique.setdefault(_problem_key(p), p)
-    return list(unique.values())
+    return _unique(seen)
 
 
 def gpu_slug(name: str) -> str:
@@ -100,6 +93,14 @@ def _problem_key(p: dict) -> tuple:
     return (p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], p["pad"], p["stride"])
 
 
+def _unique(problems: list[dict]) -> list[dict]:
+    """First occurrence of each problem, in order."""
+    unique: dict = {}
+    for p in problems:
+        unique.setdefault(_problem_key(p), p)
+    return list(unique.values())
+
+
 def _done(path: Path) -> set:
     if not path.exists():
         return set()
@@ -110,28 +111,11 @@ def _done(path: Path) -> set:
 
 
 def _time_ms(fn, iters: int, reps: int = 10) -> float:
-    """Median GPU time of one fn() call.  Timed as replays of a CUDA graph of `reps` calls:
+    """Median GPU time of one fn() call, timed as replays of a CUDA graph of `reps` calls:
     an eager call costs ~35 us of host work, more than most of these kernels take, so
     timing eager calls would rank tiles by noise (the first sweep on the H200 did)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+    replay = graphed(lambda: [fn() for _ in range(reps)])
+    return time_cuda(replay, warmup=1, iters=iters)["median_ms"] / reps
 
 
 def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
