@@ -86,8 +86,8 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   a.workspace = workspace.data_ptr();
   a.workspace_bytes = workspace.nbytes();
 
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
   int dev = input.device().index();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
   int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, dev) +
            device_attribute(cudaDevAttrComputeCapabilityMinor, dev);
   std::string const& forced = forced_kernel_slot();
