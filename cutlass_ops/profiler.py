@@ -106,7 +106,8 @@ def _done(path: Path) -> set:
         return set()
     with open(path, newline="") as f:
         rows = csv.DictReader(line for line in f if not line.startswith("#"))
-        return {(r["Operation"],) + tuple(int(r[c]) for c in ("n", "h", "w", "c", "k", "r", "s", "pad_h", "stride_h"))
+        return {(r["Operation"], int(r.get("split_k_slices") or 1))
+                + tuple(int(r[c]) for c in ("n", "h", "w", "c", "k", "r", "s", "pad_h", "stride_h"))
                 for r in rows}
 
 
@@ -132,9 +133,11 @@ def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
     out.parent.mkdir(parents=True, exist_ok=True)
     new_file = not out.exists()
     env = environment()
-    jobs = [(p, k) for p in problems for k in kernels
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    jobs = [(p, k, split) for p in problems for k in kernels
             if int(k["align"]) == 8 and p["c"] % 8 == 0 and p["k"] % 8 == 0
-            and (k.string,) + _problem_key(p) not in done]
+            for split in split_k_candidates(p, k, sms)
+            if (k.string, split) + _problem_key(p) not in done]
     progress(f"profile: {len(jobs)} measurements ({len(problems)} problems x {len(kernels)} kernels, "
              f"{len(done)} already in {out})")
     written, start = 0, time.time()
@@ -146,37 +149,43 @@ def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
         if new_file:
             writer.writeheader()
         cache = {}
-        for i, (p, k) in enumerate(jobs, 1):
+        for i, (p, k, split) in enumerate(jobs, 1):
             key = _problem_key(p)
             if key not in cache:
                 cache = {key: _inputs(p, dtype)}  # one problem's tensors at a time
             x, w, bias, ref = cache[key]
-            torch.ops.cutlass_ops.conv2d_fused_force_kernel(k.string)
+            torch.ops.cutlass_ops.conv2d_fused_force_kernel(k.string, split)
             try:
                 fn = lambda: conv2d_fused(x, w, bias, None, p["stride"], p["pad"], None, None, True)
                 y = fn()
                 err = ((y.float() - ref).norm() / ref.norm()).item()
                 ok = err < (5e-3 if dtype == torch.float16 else 3e-2)
-                split = conv2d_fused_split_k()
                 ms = _time_ms(fn, iters) if ok else float("nan")
                 writer.writerow(_row(len(done) + i, p, k, dname, family, split, ms,
                                      "passed" if ok else "incorrect"))
                 written += 1
             except (ValueError, RuntimeError) as e:  # cannot run this problem: no row
-                progress(f"  skip {k.string}: {str(e).splitlines()[0][:120]}")
+                progress(f"  skip {k.string} split_k={split}: {str(e).splitlines()[0][:120]}")
             finally:
                 torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
             if i % 10 == 0 or i == len(jobs):
                 f.flush()
                 eta = (time.time() - start) / i * (len(jobs) - i)
                 progress(f"  [{i}/{len(jobs)}] n={p['n']} {p['c']}->{p['k']} {p['h']}x{p['w']} "
-                         f"{p['r']}x{p['s']}/{p['stride']}  {k.string[25:]}  eta {eta:.0f} s")
+                         f"{p['r']}x{p['s']}/{p['stride']}  {k.string[25:]} split_k={split}  eta {eta:.0f} s")
     return written
 
 
-def conv2d_fused_split_k() -> int:
-    name = torch.ops.cutlass_ops.conv2d_fused_last_kernel()
-    return int(name.split("split_k=")[1]) if "split_k=" in name else 1
+def split_k_candidates(p: dict, k: re.Match, num_sms: int) -> list[int]:
+    """Serial split-K slices worth timing: 1, and when the output tiles leave SMs idle,
+    2..16 that keep >= 2 K-iterations per slice and <= 2 CTAs per SM."""
+    pq = [(d + 2 * p["pad"] - f) // p["stride"] + 1 for d, f in ((p["h"], p["r"]), (p["w"], p["s"]))]
+    tm, tn, tk = int(k["m"]), int(k["n"]), int(k["k"])
+    ctas = -(-p["n"] * pq[0] * pq[1] // tm) * -(-p["k"] // tn)
+    k_iterations = -(-p["r"] * p["s"] * p["c"] // tk)
+    if ctas >= num_sms:
+        return [1]
+    return [1] + [s for s in (2, 4, 8, 16) if 2 * s <= k_iterations and ctas * s <= 2 * num_sms]
 
 
 def _driver() -> str:

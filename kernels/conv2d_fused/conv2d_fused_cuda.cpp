@@ -90,9 +90,10 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
   int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, dev) +
            device_attribute(cudaDevAttrComputeCapabilityMinor, dev);
-  std::string const& forced = forced_kernel_slot();
+  ForcedChoice const& forced_choice = forced_choice_slot();
+  std::string const& forced = forced_choice.kernel;
   LaunchResult r = launch(a, cc, device_attribute(cudaDevAttrMultiProcessorCount, dev), stream,
-                          forced.empty() ? nullptr : forced.c_str());
+                          forced.empty() ? nullptr : forced.c_str(), forced_choice.split_k);
   TORCH_CHECK_VALUE(r.kernel != nullptr || forced.empty(), "conv2d_fused: the forced kernel ",
                     forced, " cannot run this problem: ", r.why_not);
   if (r.kernel == nullptr) {

@@ -47,13 +47,25 @@ void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long lo
   });
 }
 
+namespace {
+long long k_iterations(Conv2dFusedArgs const& a, KernelEntry const& e) {
+  return (static_cast<long long>(a.R) * a.S * a.C + e.tile_k - 1) / e.tile_k;
+}
+}  // namespace
+
+bool split_k_possible(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int slices) {
+  // The epilogue's source slot carries the partial sums, so no residual; one semaphore
+  // (int) per output tile.
+  return slices == 1 || (slices > 1 && a.residual == nullptr && slices <= k_iterations(a, e) &&
+                         static_cast<size_t>(ctas) * sizeof(int) <= a.workspace_bytes);
+}
+
 int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int num_sms) {
-  // Split only when the output tiles leave SMs idle, never with a residual (the epilogue's
-  // source slot carries the partial sums), and keep >= 4 K-iterations per slice.
-  if (a.residual != nullptr || ctas >= num_sms) return 1;
-  long long k_iterations = (static_cast<long long>(a.R) * a.S * a.C + e.tile_k - 1) / e.tile_k;
-  long long slices = std::min<long long>({num_sms / ctas, k_iterations / 4, 16});
-  if (slices < 2 || static_cast<size_t>(ctas) * sizeof(int) > a.workspace_bytes) return 1;
+  // Split only when the output tiles leave SMs idle, and keep >= 4 K-iterations per slice.
+  // At most 8 slices: serial split-K runs the slices' epilogues one after another.
+  if (ctas >= num_sms) return 1;
+  long long slices = std::min<long long>({num_sms / ctas, k_iterations(a, e) / 4, 8});
+  if (slices < 2 || !split_k_possible(a, e, ctas, static_cast<int>(slices))) return 1;
   return static_cast<int>(slices);
 }
 
@@ -63,8 +75,8 @@ int family_for_device(int cc) {
   return 0;
 }
 
-int profiled_kernel(Conv2dFusedArgs const& a, int family, int alignment) {
-  int best = -1;
+ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment) {
+  ProfileRule const* best = nullptr;
   double best_distance = 0;
   long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
   for (int i = 0; i < kNumProfileRules; ++i) {
@@ -75,8 +87,8 @@ int profiled_kernel(Conv2dFusedArgs const& a, int family, int alignment) {
       continue;
     }
     double distance = std::fabs(std::log(double(gemm_m) / double(r.gemm_m)));
-    if (best < 0 || distance < best_distance) {
-      best = r.kernel;
+    if (best == nullptr || distance < best_distance) {
+      best = &r;
       best_distance = distance;
     }
   }
@@ -84,7 +96,7 @@ int profiled_kernel(Conv2dFusedArgs const& a, int family, int alignment) {
 }
 
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
-                    char const* only) {
+                    char const* only, int forced_split_k) {
   LaunchResult result;
   int family = family_for_device(cc);
   int max_align = channel_alignment(a);
@@ -101,15 +113,27 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
       candidates.push_back({&e, ctas});
     }
     order_by_occupancy(candidates, num_sms, gemm_m, a.K);
-    int profiled = profiled_kernel(a, family, align);
-    if (profiled >= 0) {  // the measured winner first, the rest keep their order
+    ProfileRule const* rule = profile_rule(a, family, align);
+    if (rule != nullptr) {  // the measured winner first, the rest keep their order
       auto first = std::find_if(candidates.begin(), candidates.end(),
-                                [&](Candidate const& c) { return c.entry == &kKernels[profiled]; });
+                                [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
       if (first != candidates.end()) std::rotate(candidates.begin(), first, first + 1);
     }
     for (Candidate const& c : candidates) {
       Conv2dFusedArgs args = a;
-      args.split_k_slices = split_k_slices(a, *c.entry, c.ctas, num_sms);
+      if (forced_split_k > 0) {
+        if (!split_k_possible(a, *c.entry, c.ctas, forced_split_k)) {
+          result.why_not += std::string(c.entry->name) + ": cannot split K " +
+                            std::to_string(forced_split_k) + " ways here; ";
+          continue;
+        }
+        args.split_k_slices = forced_split_k;
+      } else if (rule != nullptr && c.entry == &kKernels[rule->kernel] && c.ctas < num_sms &&
+                 split_k_possible(a, *c.entry, c.ctas, rule->split_k)) {
+        args.split_k_slices = rule->split_k;  // measured (the rule's M is the nearest)
+      } else {
+        args.split_k_slices = split_k_slices(a, *c.entry, c.ctas, num_sms);
+      }
       cutlass::Status status = c.entry->run(args, stream);
       // kErrorInternal is a failed launch, not a kernel that does not fit: report it.
       if (status == cutlass::Status::kSuccess || status == cutlass::Status::kErrorInternal) {

@@ -27,23 +27,24 @@ struct KernelEntry {
 extern const KernelEntry kKernels[];
 extern const int kNumKernels;
 
-// A measured winner (profiles/): for this problem class the kernel kKernels[kernel] was
-// fastest at GEMM M = gemm_m (= N*P*Q).
+// A measured winner (profiles/): for this problem class the kernel kKernels[kernel] with
+// `split_k` serial split-K slices was fastest at GEMM M = gemm_m (= N*P*Q).
 struct ProfileRule {
   int family;
   DType dtype;
   int alignment;
   int C, K, R, S, stride;
   long long gemm_m;
-  int kernel;  // index into kKernels, -1 in an empty table
+  int kernel;   // index into kKernels, -1 in an empty table
+  int split_k;  // 1 = no split
 };
 
 extern const ProfileRule kProfileRules[];
 extern const int kNumProfileRules;
 
-// Index into kKernels of the profile rule for `a` (same class, nearest M on a log scale),
-// or -1 when no rule covers the problem.
-int profiled_kernel(Conv2dFusedArgs const& a, int family, int alignment);
+// The profile rule for `a` (same class, nearest M on a log scale), or null when no rule
+// covers the problem.
+ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment);
 
 // Largest alignment in {8,4,2,1} that divides C and K and that every pointer honours.
 int channel_alignment(Conv2dFusedArgs const& a);
@@ -60,8 +61,12 @@ struct Candidate {
 // The order the dispatcher tries kernels of equal fit in (see the .cpp); exposed for tests.
 void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long long gemm_m, int gemm_n);
 
-// Serial split-K slices for kernel `e` on `a` (1 = no split); see the .cpp.
+// Serial split-K slices for kernel `e` on `a` (1 = no split) when no profile says; see the .cpp.
 int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int num_sms);
+
+// Whether `slices` serial split-K slices can run kernel `e` on `a` (no residual, semaphores
+// fit the workspace, at least one K-iteration per slice).
+bool split_k_possible(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int slices);
 
 struct LaunchResult {
   KernelEntry const* kernel = nullptr;   // the kernel that ran, or null
@@ -73,11 +78,12 @@ struct LaunchResult {
 // Runs the best table entry that fits `a` on a device of compute capability `cc` with
 // `num_sms` multiprocessors: the widest channel alignment the tensors allow first; within
 // it the profile rule's kernel, then the rest by occupancy (order_by_occupancy).
-// `only` (the profiler's forced kernel) restricts the choice to the entry of that name.
+// `only` (the profiler's forced kernel) restricts the choice to the entry of that name,
+// and `forced_split_k` > 0 fixes its split-K slices.
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).
 // A launch that failed returns its kernel with status kErrorInternal.
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
-                    char const* only = nullptr);
+                    char const* only = nullptr, int forced_split_k = 0);
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

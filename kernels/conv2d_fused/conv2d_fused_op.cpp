@@ -88,9 +88,9 @@ std::string& last_kernel_slot() {
 
 std::string last_kernel() { return last_kernel_slot(); }
 
-std::string& forced_kernel_slot() {
-  thread_local std::string name;
-  return name;
+ForcedChoice& forced_choice_slot() {
+  thread_local ForcedChoice choice;
+  return choice;
 }
 
 at::Tensor conv2d_fused_aten(at::Tensor const& input, at::Tensor const& weight,
@@ -127,9 +127,14 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // checking that their shapes hit a fast path.
   m.def("conv2d_fused_last_kernel() -> str", &cutlass_ops::conv2d_fused::last_kernel);
   // For the profiler: make this thread's CUDA conv2d_fused calls run the named kernel
-  // (an error when it cannot run the problem); "" restores the normal choice.
-  m.def("conv2d_fused_force_kernel(str name) -> ()",
-        [](std::string name) { cutlass_ops::conv2d_fused::forced_kernel_slot() = std::move(name); });
+  // with `split_k` serial split-K slices (0: the dispatcher's choice); an error when it
+  // cannot run the problem.  "" restores the normal choice.
+  m.def("conv2d_fused_force_kernel(str name, int split_k=0) -> ()",
+        [](std::string name, int64_t split_k) {
+          TORCH_CHECK_VALUE(split_k >= 0 && split_k <= 64,
+                            "conv2d_fused_force_kernel: split_k must be 0..64, got ", split_k);
+          cutlass_ops::conv2d_fused::forced_choice_slot() = {std::move(name), static_cast<int>(split_k)};
+        });
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {

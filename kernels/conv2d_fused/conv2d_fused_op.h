@@ -35,9 +35,14 @@ at::Tensor conv2d_fused_aten(at::Tensor const& input, at::Tensor const& weight,
 std::string& last_kernel_slot();
 std::string last_kernel();
 
-// The profiler's override on this thread: a kernel name the CUDA implementation must run
-// ("" = choose as usual).  Set through cutlass_ops::conv2d_fused_force_kernel.
-std::string& forced_kernel_slot();
+// The profiler's override on this thread: a kernel the CUDA implementation must run
+// ("" = choose as usual) and its serial split-K slices (0 = the dispatcher's choice).
+// Set through cutlass_ops::conv2d_fused_force_kernel.
+struct ForcedChoice {
+  std::string kernel;
+  int split_k = 0;
+};
+ForcedChoice& forced_choice_slot();
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

@@ -12,9 +12,11 @@ A profile is a CSV in the CUTLASS profiler's conv2d column layout (profiles/READ
 ours (``python -m cutlass_ops profile``) or a real ``cutlass_profiler`` conv2d output.
 For each instance key its fprop rows (same dtype and alignment; rows of the other 16-bit
 dtype when a dtype has none) are grouped by problem (c, k, r, s, stride, GEMM M = n*p*q);
-the fastest tile per problem wins.  The generator instantiates the defaults plus every
-winner, and emits one rule per problem: the dispatcher runs the rule's tile for a
-problem with the same (c, k, r, s, stride) and the nearest M (log scale).
+the fastest (tile, serial split-K slices) per problem wins; rows with parallel split-K
+are skipped (the fused epilogue runs serial split-K only).  The generator instantiates the
+defaults plus every winner, and emits one rule per problem: the dispatcher runs the
+rule's tile and split for a problem with the same (c, k, r, s, stride) and the nearest M
+(log scale).
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class Rule:
     problem: Problem
     tile: Tile
     runtime_ms: float
+    split_k: int = 1  # serial split-K slices the winner ran with
 
 
 def default_tiles(key: InstanceKey) -> list[Tile]:
@@ -130,6 +133,18 @@ def _row_tile(row: dict, key: InstanceKey) -> Tile:
                 int(row["stages"]), iterator=iterator)
 
 
+def _split_k(row: dict) -> int | None:
+    """Serial split-K slices of a row (1 when the column is absent); None for a parallel
+    split-K row, which these kernels cannot reproduce."""
+    try:
+        slices = int(row.get("split_k_slices") or 1)
+    except ValueError:
+        return None
+    if slices > 1 and row.get("split_k_mode", "serial") != "serial":
+        return None
+    return max(slices, 1)
+
+
 def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
     def rows_for(dtype):
         return [r for r in rows if _dtype_and_alignment(r) == (dtype, key.alignment)
@@ -142,9 +157,12 @@ def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
         mine = rows_for(other) if other else []
     best: dict[Problem, Rule] = {}
     for row in mine:
+        split_k = _split_k(row)
+        if split_k is None:
+            continue
         problem = Problem(int(row["c"]), int(row["k"]), int(row["r"]), int(row["s"]),
                           int(row["stride_h"]), int(row["n"]) * int(row["p"]) * int(row["q"]))
-        rule = Rule(problem, _row_tile(row, key), float(row["Runtime"]))
+        rule = Rule(problem, _row_tile(row, key), float(row["Runtime"]), split_k)
         if problem not in best or rule.runtime_ms < best[problem].runtime_ms:
             best[problem] = rule
     return [best[p] for p in sorted(best, key=lambda p: (p.c, p.k, p.r, p.s, p.stride, p.gemm_m))]

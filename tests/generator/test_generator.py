@@ -134,9 +134,23 @@ def test_rules_reach_the_dispatch_table(tmp_path):
     generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
     names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
-    rule = re.search(r"\{80, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+)\}", table)
+    rule = re.search(r"\{80, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1\}", table)
     assert rule and names[int(rule.group(1))] == "cutlass_ops_conv2d_fused_f16_sm80_256x64x32_4s_4x1w_o_align8"
     assert "kNumProfileRules = 2" in table  # the f16 rule, and bf16 borrowing it
+
+
+def test_split_k_winner_is_kept_and_parallel_rows_skipped(tmp_path):
+    header = HEADER.rstrip("\n") + ",split_k_mode,split_k_slices\n"
+    tile = (64, 64, 32)
+    rows = [_row(1, F16.format("a"), 1, 512, tile, 6, (2, 2, 1), 0.020, c=512, hw=2).rstrip("\n") + ",serial,1\n",
+            _row(2, F16.format("a"), 1, 512, tile, 6, (2, 2, 1), 0.008, c=512, hw=2).rstrip("\n") + ",serial,4\n",
+            _row(3, F16.format("a"), 1, 512, tile, 6, (2, 2, 1), 0.001, c=512, hw=2).rstrip("\n") + ",parallel,8\n"]
+    _, rules, _ = select_tiles(KEY, _profile(tmp_path, header + "".join(rows)))
+    assert [(r.tile.threadblock, r.split_k, r.runtime_ms) for r in rules] == [(tile, 4, 0.008)]
+    out = tmp_path / "gen"
+    generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path), "--out", str(out)])
+    table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
+    assert re.search(r"\{80, DType::kF16, 8, 512, 512, 3, 3, 1, 4LL, \d+, 4\}", table)
 
 
 def test_malformed_profile_warns_and_falls_back(tmp_path):

@@ -6,7 +6,8 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from cutlass_ops.profiler import COLUMNS, gpu_slug, problems_from_model, resnet_problems, sweep
+from cutlass_ops.profiler import (COLUMNS, _NAME, gpu_slug, problems_from_model, resnet_problems,
+                                  split_k_candidates, sweep)
 from _helpers import HAS_CUDA
 
 
@@ -37,12 +38,15 @@ def test_sweep_writes_profiler_rows_and_resumes(tmp_path):
     problems = [dict(n=2, h=8, w=8, c=64, k=64, r=3, s=3, pad=1, stride=1)]
     written = sweep(problems, out, iters=3)
     kernels = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels() if "_f16_" in k and k.endswith("align8")]
-    assert written == len(kernels) > 0
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    expected = {(k, split) for k in kernels for split in split_k_candidates(problems[0], _NAME.match(k), sms)}
+    assert written == len(expected) > len(kernels) > 0  # 128 output rows: split-K is swept too
     with open(out) as f:
         assert f.readline().startswith("# cutlass_ops profile:")
         rows = list(csv.DictReader(f))
     assert list(rows[0].keys()) == COLUMNS
-    assert {r["Operation"] for r in rows} == set(kernels)
+    assert {(r["Operation"], int(r["split_k_slices"])) for r in rows} == expected
+    # "passed" means checked against a float32 reference, split or not.
     assert all(r["Disposition"] == "passed" and float(r["Runtime"]) > 0 for r in rows)
     assert sweep(problems, out, iters=3) == 0  # resumed: nothing left to measure
 
@@ -58,5 +62,24 @@ def test_forced_kernel_runs_or_raises():
         assert cutlass_ops.conv2d_fused_last_kernel().split()[0] == name
         with pytest.raises(ValueError, match="forced kernel"):
             cutlass_ops.conv2d_fused(x[:, :12], w[:, :12], padding=1)  # alignment 4: cannot run
+    finally:
+        torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_forced_split_k_runs_exactly_or_raises():
+    x = torch.randn(1, 256, 4, 4, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 256, 3, 3, device="cuda", dtype=torch.half) / 48
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    name = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels() if "_f16_" in k and k.endswith("align8")][0]
+    try:
+        for split in (1, 2, 4):
+            torch.ops.cutlass_ops.conv2d_fused_force_kernel(name, split)
+            y = cutlass_ops.conv2d_fused(x, w, padding=1)
+            assert ("split_k=%d" % split in cutlass_ops.conv2d_fused_last_kernel()) == (split > 1)
+            assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-3
+        torch.ops.cutlass_ops.conv2d_fused_force_kernel(name, 2)
+        with pytest.raises(ValueError, match="cannot split K"):  # a residual rules split-K out
+            cutlass_ops.conv2d_fused(x, w, residual=torch.randn_like(ref, dtype=torch.half), padding=1)
     finally:
         torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
