@@ -1,4 +1,5 @@
-"""Autograd for conv2d_fused and se_gate: backward through ATen, not fused kernels yet.
+"""Autograd for conv2d_fused, se_gate and space_to_depth_conv: backward through ATen, not
+fused kernels yet.
 
 Training works (loss.backward(), torch.optim, autocast-free fp16/bf16 and float32) with
 gradients from float32 (float64 for double) ATen math: the conv's dgrad/wgrad through
@@ -106,3 +107,49 @@ def _se_backward(ctx, grad_out, grad_pooled):
 
 
 torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_context=_se_setup)
+
+
+# ---- space_to_depth_conv: y = act(conv1x1(s2d(x), w)) + post_bias -------------------------------
+
+def space_to_depth(x: torch.Tensor, block: int = 4) -> torch.Tensor:
+    """(N, C, H, W) -> (N, block*block*C, H/block, W/block), channel dy*block*C + dx*C + c."""
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // block, block, w // block, block).permute(0, 3, 5, 1, 2, 4) \
+        .reshape(n, block * block * c, h // block, w // block)
+
+
+def depth_to_space(y: torch.Tensor, channels: int, block: int = 4) -> torch.Tensor:
+    """The inverse of space_to_depth."""
+    n, _, p, q = y.shape
+    return y.reshape(n, block, block, channels, p, q).permute(0, 3, 4, 1, 5, 2) \
+        .reshape(n, channels, p * block, q * block)
+
+
+def _s2d_setup(ctx, inputs, output):
+    x, w, post_bias, relu = inputs
+    ctx.save_for_backward(x, w)
+    ctx.relu = relu
+    ctx.post_bias_meta = (post_bias.shape, post_bias.dtype) if post_bias is not None else None
+    ctx.needs = list(ctx.needs_input_grad) + [False] * 4
+
+
+def _s2d_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    cd = _compute_dtype(x)
+    s2d, wf, g = space_to_depth(x.to(cd)), w.to(cd), grad.to(cd)
+    grad_post = None
+    if ctx.post_bias_meta is not None and ctx.needs[2]:
+        shape, dtype = ctx.post_bias_meta
+        grad_post = g.sum().to(dtype).reshape(shape)
+    if ctx.relu:  # recompute the pre-activation for the mask (torch.relu: zero at <= 0)
+        g = g * (F.conv2d(s2d, wf) > 0)
+    grad_x = grad_w = None
+    if ctx.needs[0] or ctx.needs[1]:
+        grad_s2d, grad_w, _ = torch.ops.aten.convolution_backward(
+            g, s2d, wf, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [ctx.needs[0], ctx.needs[1], False])
+        if grad_s2d is not None:
+            grad_x = depth_to_space(grad_s2d, x.shape[1])
+    return _grad_like(grad_x, x), _grad_like(grad_w, w), grad_post, None
+
+
+torch.library.register_autograd("cutlass_ops::space_to_depth_conv", _s2d_backward, setup_context=_s2d_setup)

@@ -108,3 +108,28 @@ def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ident
     n, c, hh, ww = h.shape
     pooled = h.new_empty((n, c, (hh + 1) // 2, (ww + 1) // 2)).contiguous(memory_format=torch.channels_last)
     return out, pooled
+
+
+def space_to_depth_conv(input: torch.Tensor, weight: torch.Tensor, post_bias: Scalar = None,
+                        relu: bool = False) -> torch.Tensor:
+    """``act(conv1x1(space_to_depth(input, 4), weight)) + post_bias`` in one kernel: a ResNet
+    stem reading the (N, C, H, W) input as it is, any memory layout.
+
+    space_to_depth puts input pixel (4p+dy, 4q+dx) of channel c at channel dy*4C + dx*C + c
+    of output pixel (p, q), i.e. ``x.view(N,C,H/4,4,W/4,4).permute(0,3,5,1,2,4)``; the
+    whole op equals a 4x4 stride-4 conv.  weight: (K, 16C, 1, 1).  H and W must be
+    multiples of 4.  fp16/bf16 on CUDA with C <= 16 and K in {32, 64, 128} run a
+    tensor-core (WMMA) kernel; other cases the ATen composite.  Returns (N, K, H/4, W/4)
+    in channels_last memory.
+    """
+    return torch.ops.cutlass_ops.space_to_depth_conv(input, weight, _as_tensor(post_bias, input),
+                                                     bool(relu))
+
+
+@torch.library.register_fake("cutlass_ops::space_to_depth_conv")
+def _space_to_depth_conv_fake(input, weight, post_bias=None, relu=False):
+    torch._check(input.dim() == 4, lambda: "space_to_depth_conv: input must be 4-D")
+    torch._check(weight.shape[1] == 16 * input.shape[1],
+                 lambda: "space_to_depth_conv: weight must have 16 * C input channels")
+    n, _, h, w = input.shape
+    return input.new_empty((n, weight.shape[0], h // 4, w // 4)).contiguous(memory_format=torch.channels_last)

@@ -10,6 +10,7 @@ namespace {
 
 constexpr int kThreads = 512;  // one CTA per image: more warps hide more load latency
 constexpr int kVec = 8;  // elements per 16-byte access
+constexpr int kMaxImagesPerCta = 8;
 
 template <typename T> struct Vec;
 template <> struct Vec<__half> {
@@ -44,96 +45,122 @@ __device__ void store8(T* p, float const (&v)[kVec]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// One CTA per `images_per_cta` consecutive images (more than one when there are plenty of
+// CTAs: the excite weights are then read once per group, not once per image).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
+__global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int images_per_cta) {
   extern __shared__ float smem[];
-  float* sums = smem;          // [C]: channel sums, then the gate
-  float* hidden = smem + a.C;  // [R]
-  int const n = blockIdx.x;
+  int const n0 = blockIdx.x * images_per_cta;
+  int const images = min(images_per_cta, a.N - n0);
+  float* gate = smem;                               // [images][C]: channel sums, then the gate
+  float* hidden = smem + images_per_cta * a.C;      // [images][R]
+  float* partial = hidden + images_per_cta * a.R;   // [kThreads][kVec]
   int const tid = threadIdx.x;
   int const HW = a.H * a.W;
-  size_t const base = size_t(n) * HW * a.C;
+  size_t const base = size_t(n0) * HW * a.C;
   T const* h = static_cast<T const*>(a.h) + base;
   T const* idn = static_cast<T const*>(a.identity) + base;
   T* out = static_cast<T*>(a.out) + base;
-  int const groups = HW * a.C / kVec;
+
   // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
   // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
-  // strides over pixels; the per-thread partials are then summed in a fixed order.
-  {
-    int const G = a.C / kVec;
-    int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
+  // strides over an image's pixels; the per-thread partials are then summed in a fixed order.
+  int const G = a.C / kVec;
+  int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
+  for (int img = 0; img < images; ++img) {
     int const g = tid % G, row0 = tid / G;
     float acc[kVec] = {};
     if (row0 < rows_per_pass) {
+      T const* hi = h + size_t(img) * HW * a.C;
       for (int p = row0; p < HW; p += rows_per_pass) {
         float v[kVec];
-        load8(h + (size_t(p) * a.C + g * kVec), v);
+        load8(hi + (size_t(p) * a.C + g * kVec), v);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) acc[j] += v[j];
       }
     }
-    float* partial = smem + a.C + a.R;  // [kThreads][kVec], after sums and hidden
 #pragma unroll
     for (int j = 0; j < kVec; ++j) partial[tid * kVec + j] = acc[j];
     __syncthreads();
     for (int c = tid; c < a.C; c += kThreads) {
       float s = 0.f;
       for (int r = 0; r < rows_per_pass; ++r) s += partial[(r * G + c / kVec) * kVec + c % kVec];
-      sums[c] = s;
+      gate[img * a.C + c] = s;
+    }
+    __syncthreads();
+  }
+
+  // Excite, first Linear + ReLU: one warp per hidden unit, lanes over channels; each W1
+  // element is loaded once for all of the CTA's images.
+  float const inv_hw = 1.f / HW;
+  int const warp = tid / 32, lane = tid % 32;
+  for (int r = warp; r < a.R; r += kThreads / 32) {
+    float dot[kMaxImagesPerCta] = {};
+#pragma unroll 2
+    for (int c = lane; c < a.C; c += 32) {
+      float w = a.w1[size_t(r) * a.C + c];
+#pragma unroll
+      for (int i = 0; i < kMaxImagesPerCta; ++i)
+        if (i < images) dot[i] += w * gate[i * a.C + c];
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxImagesPerCta; ++i) {
+      if (i >= images) break;
+      float d = dot[i];
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      if (lane == 0) hidden[i * a.R + r] = fmaxf(d * inv_hw + a.b1[r], 0.f);
+    }
+  }
+  __syncthreads();  // hidden is complete, and every read of the sums is done
+
+  // Second Linear + sigmoid: one warp per channel, lanes over the hidden units (coalesced
+  // W2 rows).  The gate overwrites the sums.
+  for (int c = warp; c < a.C; c += kThreads / 32) {
+    float dot[kMaxImagesPerCta] = {};
+    for (int r = lane; r < a.R; r += 32) {
+      float w = a.w2[size_t(c) * a.R + r];
+#pragma unroll
+      for (int i = 0; i < kMaxImagesPerCta; ++i)
+        if (i < images) dot[i] += w * hidden[i * a.R + r];
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxImagesPerCta; ++i) {
+      if (i >= images) break;
+      float d = dot[i];
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      if (lane == 0) gate[i * a.C + c] = 1.f / (1.f + __expf(-(d + a.b2[c])));
     }
   }
   __syncthreads();
 
-  // Excite, first Linear + ReLU: one warp per hidden unit, lanes over channels.
-  float const inv_hw = 1.f / HW;
-  int const warp = tid / 32, lane = tid % 32;
-  for (int r = warp; r < a.R; r += kThreads / 32) {
-    float dot = 0.f;
-#pragma unroll 4
-    for (int c = lane; c < a.C; c += 32) dot += a.w1[size_t(r) * a.C + c] * sums[c];
-    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (lane == 0) hidden[r] = fmaxf(dot * inv_hw + a.b1[r], 0.f);
-  }
-  __syncthreads();
-
-  // Second Linear + sigmoid: one thread per channel.  Its loads of a W2 row are
-  // independent, so unrolling keeps several in flight (latency, not bandwidth, is what
-  // limits this phase: W2 is small and L2-resident).  The gate overwrites the sums.
-  __syncthreads();  // (all reads of sums above are done)
-  for (int c = tid; c < a.C; c += kThreads) {
-    float const* row = a.w2 + size_t(c) * a.R;
-    float dot = a.b2[c];
-#pragma unroll 8
-    for (int r = 0; r < a.R; ++r) dot += row[r] * hidden[r];
-    sums[c] = 1.f / (1.f + __expf(-dot));
-  }
-  __syncthreads();
-
-  // Gate, residual, ReLU, the next block's input bias.
+  // Gate, residual, ReLU, the next block's input bias: the CTA's images are contiguous.
   float const idn_bias = a.identity_bias ? *a.identity_bias : 0.f;
   float const post = a.post_bias ? *a.post_bias : 0.f;
-  for (int i = tid; i < groups; i += kThreads) {
-    int c0 = (i * kVec) % a.C;
+  int const groups_per_image = HW * G;
+  for (int i = tid; i < images * groups_per_image; i += kThreads) {
+    int const img = i / groups_per_image;
+    int const c0 = (i % G) * kVec;
     float hv[kVec], iv[kVec], o[kVec];
     load8(h + size_t(i) * kVec, hv);
     load8(idn + size_t(i) * kVec, iv);
+    float const* gi = gate + img * a.C + c0;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float v = hv[j] * sums[c0 + j] + iv[j] + idn_bias;
+      float v = hv[j] * gi[j] + iv[j] + idn_bias;
       o[j] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
     }
     store8(out + size_t(i) * kVec, o);
   }
   if (a.pooled == nullptr) return;
 
-  // AvgPool2d(3, 2, 1, count_include_pad=True) of this image's (rounded) output, read back
-  // from global memory: a block's own writes are visible to it after __syncthreads.
+  // AvgPool2d(3, 2, 1, count_include_pad=True) of these images' (rounded) output, read
+  // back from global memory: a block's own writes are visible to it after __syncthreads.
   __syncthreads();
-  int const PH = (a.H + 1) / 2, PW = (a.W + 1) / 2, G = a.C / kVec;
-  T* pooled = static_cast<T*>(a.pooled) + size_t(n) * PH * PW * a.C;
-  for (int i = tid; i < PH * PW * G; i += kThreads) {
-    int g = i % G, q = (i / G) % PW, p = i / G / PW;
+  int const PH = (a.H + 1) / 2, PW = (a.W + 1) / 2;
+  T* pooled = static_cast<T*>(a.pooled) + size_t(n0) * PH * PW * a.C;
+  for (int i = tid; i < images * PH * PW * G; i += kThreads) {
+    int g = i % G, q = (i / G) % PW, p = (i / G / PW) % PH, img = i / G / PW / PH;
+    T const* oi = out + size_t(img) * HW * a.C;
     float acc[kVec] = {};
     for (int dy = -1; dy <= 1; ++dy) {
       int y = 2 * p + dy;
@@ -142,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
         int x = 2 * q + dx;
         if (x < 0 || x >= a.W) continue;
         float v[kVec];
-        load8(out + (size_t(y) * a.W + x) * a.C + g * kVec, v);
+        load8(oi + (size_t(y) * a.W + x) * a.C + g * kVec, v);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) acc[j] += v[j];
       }
@@ -155,21 +182,32 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
 
 }  // namespace
 
-size_t se_gate_smem_bytes(int C, int R) { return sizeof(float) * (C + R + kThreads * kVec); }
+size_t se_gate_smem_bytes(int C, int R, int images_per_cta) {
+  return sizeof(float) * (images_per_cta * (C + R) + kThreads * kVec);
+}
 
 int se_gate_max_channels() { return kThreads * kVec; }
 
-cudaError_t launch_se_gate(SeGateArgs const& a, cudaStream_t stream) {
-  size_t smem = se_gate_smem_bytes(a.C, a.R);
-  if (a.dtype == DType::kF16) {
-    if (smem > 48 * 1024)
-      cudaFuncSetAttribute(se_gate_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    se_gate_kernel<__half><<<a.N, kThreads, smem, stream>>>(a);
-  } else {
-    if (smem > 48 * 1024)
-      cudaFuncSetAttribute(se_gate_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    se_gate_kernel<__nv_bfloat16><<<a.N, kThreads, smem, stream>>>(a);
+int se_gate_images_per_cta(int N, int C, int R, int num_sms) {
+  // Group images only while at least two CTAs per SM remain, and keep shared memory small.
+  int images = 1;
+  while (images < kMaxImagesPerCta && N / (2 * images) >= 2 * num_sms &&
+         se_gate_smem_bytes(C, R, 2 * images) <= 64 * 1024) {
+    images *= 2;
   }
+  return images;
+}
+
+cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream) {
+  if (images_per_cta < 1 || images_per_cta > kMaxImagesPerCta) return cudaErrorInvalidValue;
+  size_t smem = se_gate_smem_bytes(a.C, a.R, images_per_cta);
+  unsigned grid = static_cast<unsigned>((a.N + images_per_cta - 1) / images_per_cta);
+  auto kernel = a.dtype == DType::kF16 ? se_gate_kernel<__half> : se_gate_kernel<__nv_bfloat16>;
+  if (smem > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, kThreads, smem, stream>>>(a, images_per_cta);
   return cudaGetLastError();
 }
 

@@ -1,4 +1,5 @@
-// Squeeze-excitation gate with the residual join, one CTA per image:
+// Squeeze-excitation gate with the residual join, one CTA per image or per small group of
+// consecutive images (se_gate_images_per_cta):
 //   s   = mean_hw(h[n])                          (squeeze)
 //   g   = sigmoid(W2 relu(W1 s + b1) + b2)       (excite: the two Linear layers)
 //   out = relu(h * g + identity + identity_bias) + post_bias
@@ -29,15 +30,19 @@ struct SeGateArgs {
   float const* post_bias;            // device scalar or null
 };
 
-// Shared memory the kernel needs (bytes); the op checks it against the device limit.
-size_t se_gate_smem_bytes(int C, int R);
+// Shared memory the kernel needs (bytes).
+size_t se_gate_smem_bytes(int C, int R, int images_per_cta);
+
+// Images per CTA for N images on a GPU with `num_sms` SMs: 1, or up to 8 when there are
+// enough CTAs to fill the GPU twice over (fewer reads of the excite weights).
+int se_gate_images_per_cta(int N, int C, int R, int num_sms);
 
 // Largest C the kernel takes (one thread per 8 channels of a pixel).
 int se_gate_max_channels();
 
 // Requirements: C % 8 == 0, C <= se_gate_max_channels() and 16-byte aligned h/identity/out (the op checks and falls
 // back to ATen otherwise).  Returns the launch's cudaError.
-cudaError_t launch_se_gate(SeGateArgs const& a, cudaStream_t stream);
+cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

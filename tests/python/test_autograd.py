@@ -4,7 +4,7 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from _helpers import HAS_CUDA, errors
+from _helpers import DEVICES, HAS_CUDA, errors
 from test_fused_resnet import randomize_
 
 D = torch.float64
@@ -50,20 +50,42 @@ def _grads(model, x):
     return grads
 
 
-def _check_grads(dtype, device, bound):
+def _grad_errors(dtype, device):
+    """Relative error vs a float64 reference, per parameter and the input, of FusedResNet's
+    gradients and of the plain reference module's run in the same dtype (what PyTorch
+    itself achieves at that precision)."""
     g = torch.Generator().manual_seed(3)
     ref = randomize_(SEResNet9FixUp(3), g).to(device=device, dtype=dtype)
     fused = cutlass_ops.FusedResNet.from_reference(ref).train()
     r64 = SEResNet9FixUp(3).to(device=device, dtype=torch.float64)
     r64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
     x = torch.randn(3, 3, 64, 64, generator=g).to(device=device, dtype=dtype)
-    got, want = _grads(fused, x), _grads(r64, x.double())
-    worst = 0.0
-    for name, w in want.items():
-        rel, _ = errors(got[name], w)
-        worst = max(worst, rel)
-        assert rel <= bound, f"{name}: rel {rel:.2e}"
-    print(f"FusedResNet grads {dtype} {device}: worst rel {worst:.2e}")
+    want = _grads(r64, x.double())
+    got, eager = _grads(fused, x), _grads(ref, x)
+    return {name: (errors(got[name], w)[0], errors(eager[name], w)[0]) for name, w in want.items()}
+
+
+def _check_grads(dtype, device, bound):
+    """float64: every gradient within `bound`.  fp16/bf16: rounding the activations to 16
+    bits leaves some gradients (sums with heavy cancellation, e.g. the FixUp biases) off by
+    several percent in PyTorch's own run of the module too, so the check is relative to
+    that run: the RMS over parameters of the relative errors no worse than 1.25x PyTorch's,
+    and no gradient off by more than 10x `bound` (a bug, not rounding).  Prints the table
+    and how many gradients exceed `bound` in each."""
+    errs = _grad_errors(dtype, device)
+    print(f"\nFusedResNet grads, {dtype} {device}: relative error vs float64 (fused, eager same dtype)")
+    for name, (fused, eager) in errs.items():
+        print(f"  {name:40s} {fused:9.2e} {eager:9.2e}")
+    fused, eager = [e[0] for e in errs.values()], [e[1] for e in errs.values()]
+    rms = lambda v: (sum(x * x for x in v) / len(v)) ** 0.5  # noqa: E731
+    print(f"over {bound:g}: fused {sum(e > bound for e in fused)}, eager {sum(e > bound for e in eager)} "
+          f"of {len(errs)}; RMS fused {rms(fused):.3g}, eager {rms(eager):.3g}")
+    if dtype == torch.float64:
+        assert max(fused) <= bound, errs
+    else:
+        assert rms(fused) <= 1.25 * rms(eager), (rms(fused), rms(eager))
+        worst = max(errs, key=lambda n: errs[n][0])
+        assert errs[worst][0] <= 10 * bound, f"{worst}: {errs[worst]}"
 
 
 def test_fused_resnet_gradients_cpu_float64():
@@ -72,10 +94,10 @@ def test_fused_resnet_gradients_cpu_float64():
     _check_grads(torch.float64, "cpu", 1e-6)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, bound", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
-def test_fused_resnet_gradients_cuda(dtype, bound):
-    _check_grads(dtype, "cuda", bound)
+def test_fused_resnet_gradients_low_precision(device, dtype, bound):
+    _check_grads(dtype, device, bound)
 
 
 def test_fused_resnet_trains_with_an_optimizer():

@@ -1,0 +1,57 @@
+// CUDA implementation of cutlass_ops::space_to_depth_conv (kernel in
+// space_to_depth_conv_kernel.cu).  fp16/bf16 with 1..16 input channels and 32, 64 or 128
+// output channels run the kernel; anything else the ATen composite.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "space_to_depth_conv/space_to_depth_conv_kernel.h"
+#include "space_to_depth_conv/space_to_depth_conv_op.h"
+
+namespace cutlass_ops {
+namespace space_to_depth_conv {
+
+at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& weight,
+                                    c10::optional<at::Tensor> const& post_bias, bool relu) {
+  auto shape = check_inputs(input, weight, post_bias);
+  auto dtype = input.scalar_type();
+  int64_t C = input.size(1), K = weight.size(0);
+  if (dtype != at::kHalf && dtype != at::kBFloat16) {
+    return space_to_depth_conv_aten(input, weight, post_bias, relu);
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  DType kernel_dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  int dev = input.device().index(), major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (!kernel_supports(kernel_dtype, 10 * major + minor, C, K)) {
+    return space_to_depth_conv_aten(input, weight, post_bias, relu);
+  }
+  auto out = at::empty(shape, input.options().memory_format(at::MemoryFormat::ChannelsLast));
+  if (out.numel() == 0) return out;
+  at::Tensor w = weight.contiguous();  // (K, 16C, 1, 1): the same bytes in either format
+  at::Tensor pb = post_bias ? post_bias->to(at::kFloat).contiguous() : at::Tensor();
+
+  SpaceToDepthConvArgs a{};
+  a.dtype = kernel_dtype;
+  a.N = input.size(0); a.C = C; a.H = input.size(2); a.W = input.size(3); a.K = K;
+  a.stride_n = input.stride(0); a.stride_c = input.stride(1);
+  a.stride_h = input.stride(2); a.stride_w = input.stride(3);
+  a.input = input.data_ptr();
+  a.weight = w.data_ptr();
+  a.output = out.data_ptr();
+  a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  a.relu = relu;
+  cudaError_t err = launch_space_to_depth_conv(a, c10::cuda::getCurrentCUDAStream(input.device().index()).stream());
+  TORCH_CHECK(err == cudaSuccess, "space_to_depth_conv: kernel launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
+}  // namespace space_to_depth_conv
+}  // namespace cutlass_ops
+
+TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
+  m.impl("space_to_depth_conv", &cutlass_ops::space_to_depth_conv::space_to_depth_conv_cuda);
+}

@@ -1,0 +1,113 @@
+"""cutlass_ops.space_to_depth_conv (SpaceToDepth(4) + 1x1 conv + ReLU + post_bias) vs float64."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlass_ops
+from cutlass_ops.autograd import depth_to_space, space_to_depth
+from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
+
+
+def reference(x, w, post, relu):
+    """The spec's stem in float64: x.view(N,C,H/4,4,W/4,4).permute(0,3,5,1,2,4), conv, act."""
+    n, c, h, wd = x.shape
+    s2d = x.double().cpu().view(n, c, h // 4, 4, wd // 4, 4).permute(0, 3, 5, 1, 2, 4).reshape(n, 16 * c, h // 4, wd // 4)
+    y = F.conv2d(s2d, w.double().cpu())
+    return (torch.relu(y) if relu else y) + post.double().cpu()
+
+
+def make(n, c, h, w, k, dtype, device, g, layout="nchw"):
+    x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":  # a non-contiguous view: every other image of a bigger batch
+        x = torch.randn(2 * n, c, h, w, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)[::2]
+    wt = (torch.randn(k, 16 * c, 1, 1, generator=g, dtype=torch.float64) / (16 * c) ** 0.5).to(device=device, dtype=dtype)
+    post = torch.randn((), generator=g, dtype=torch.float64).float().to(device)
+    return x, wt, post
+
+
+# (n, c, h, w, k): the FusedResNet stems (C = 1, 3, 11 at 64x64), odd batches, a tail CTA
+# (N*P*Q not a multiple of 128), non-square inputs, K = 32/128, and cases the kernel does
+# not take (C = 17, K = 48) that must fall back to ATen with the same numbers.
+SHAPES = [(3, 3, 64, 64, 64), (1, 1, 64, 64, 64), (5, 11, 64, 64, 64), (7, 3, 12, 20, 64),
+          (2, 16, 8, 8, 128), (3, 2, 16, 4, 32), (2, 17, 8, 8, 64), (3, 3, 8, 8, 48)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("relu", [True, False])
+def test_matches_float64(device, dtype, shape, relu):
+    g = torch.Generator().manual_seed(hash((shape, relu)) % 2**31)
+    n, c, h, w, k = shape
+    x, wt, post = make(n, c, h, w, k, dtype, device, g)
+    poison_cuda_cache(2 * n * k * h * w)
+    y = cutlass_ops.space_to_depth_conv(x, wt, post, relu=relu)
+    assert y.shape == (n, k, h // 4, w // 4) and y.dtype == dtype
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    rel, mx = errors(y, reference(x, wt, post, relu))
+    bound_rel, bound_max = TOLERANCE[dtype]
+    assert rel <= bound_rel and mx <= bound_max, (rel, mx)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["channels_last", "sliced"])
+def test_any_input_layout(device, layout):
+    g = torch.Generator().manual_seed(5)
+    x, wt, post = make(3, 3, 16, 16, 64, torch.float16, device, g, layout)
+    rel, _ = errors(cutlass_ops.space_to_depth_conv(x, wt, post, relu=True), reference(x, wt, post, True))
+    assert rel <= TOLERANCE[torch.float16][0]
+
+
+def test_space_to_depth_round_trip_and_channel_order():
+    x = torch.randn(2, 3, 8, 12)
+    s = space_to_depth(x)
+    assert torch.equal(depth_to_space(s, 3), x)
+    # channel dy*4C + dx*C + c of pixel (p, q) is x[c, 4p+dy, 4q+dx]
+    assert s[1, 2 * 4 * 3 + 1 * 3 + 2, 1, 2] == x[1, 2, 4 + 2, 8 + 1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs_raise_clear_errors(device):
+    x = torch.randn(2, 3, 16, 16, device=device, dtype=torch.float16)
+    w = torch.randn(64, 48, 1, 1, device=device, dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiples of 4"):
+        cutlass_ops.space_to_depth_conv(x[:, :, :14], w)
+    with pytest.raises(ValueError, match=r"weight must be \(K, 48, 1, 1\)"):
+        cutlass_ops.space_to_depth_conv(x, w[:, :47])
+    with pytest.raises(ValueError, match="dtype"):
+        cutlass_ops.space_to_depth_conv(x, w.float())
+    with pytest.raises(ValueError, match="scalar"):
+        cutlass_ops.space_to_depth_conv(x, w, torch.zeros(2, device=device))
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 2, 8, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 32, 1, 1, generator=g, dtype=torch.float64, requires_grad=True)
+    post = torch.randn((), generator=g, dtype=torch.float64, requires_grad=True)
+    for relu in (True, False):
+        assert torch.autograd.gradcheck(lambda *a: cutlass_ops.space_to_depth_conv(*a, relu=relu), (x, w, post))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x = torch.randn(2, 3, 8, 8, device=device, dtype=torch.float16)
+    w = torch.randn(64, 48, 1, 1, device=device, dtype=torch.float16)
+    post = torch.tensor(0.5, device=device)
+    torch.library.opcheck(torch.ops.cutlass_ops.space_to_depth_conv.default, (x, w, post, True))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_cuda_graph_capture():
+    g = torch.Generator().manual_seed(9)
+    x, wt, post = make(4, 3, 64, 64, 64, torch.float16, "cuda", g)
+    static = cutlass_ops.space_to_depth_conv(x, wt, post, relu=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutlass_ops.space_to_depth_conv(x, wt, post, relu=True)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    rel, _ = errors(out, reference(x, wt, post, True))
+    assert rel <= TOLERANCE[torch.float16][0] and not torch.equal(out, static)
