@@ -4,7 +4,7 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from _helpers import DEVICES, HAS_CUDA, errors
+from _helpers import DEVICES, errors
 from test_fused_resnet import randomize_
 
 D = torch.float64
