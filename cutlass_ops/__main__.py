@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+RESNET_BATCHES = [1, 32, 128, 512, 2048]
 
 
 def _dtype(name: str):
@@ -59,6 +60,16 @@ def cmd_bench(args) -> int:
         return 2
     if args.what == "resnet":
         return bench_resnet_cmd(args)
+    if args.what == "train":
+        from .train_bench import TRAIN_SYSTEMS, bench_train, print_train_table
+        result = bench_train(args.batch if args.batch != RESNET_BATCHES else [512, 2048],
+                             _dtype(args.dtype or "fp16"), args.in_channels,
+                             systems=args.systems or TRAIN_SYSTEMS, iters=min(args.iters, 20),
+                             progress=lambda m: print(m, file=sys.stderr, flush=True))
+        result["environment"] = environment()
+        print_train_table(result)
+        write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/train.json"), result)
+        return 0
     if args.what == "giou":
         from .giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
@@ -142,14 +153,16 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmark one fused conv layer against PyTorch baselines "
                                      "(CUDA events, medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train"],
                    help="conv: one fused conv layer; resnet: FusedResNet vs eager, CUDA graph, "
                         "TorchScript and torch.compile (writes JSON and a bar plot PNG); giou: "
-                        "the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision forms")
-    b.add_argument("--batch", type=int, nargs="+", default=[1, 32, 128, 512, 2048],
-                   help="resnet: batch sizes (default 1 32 128 512 2048)")
-    b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet: input channels")
-    b.add_argument("--systems", nargs="+", default=None, help="resnet: subset of systems to time")
+                        "the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision forms; "
+                        "train: a FusedResNet training step (fwd+bwd) vs eager, CUDA graph and "
+                        "torch.compile, with peak memory")
+    b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
+                   help="resnet: batch sizes (default 1 32 128 512 2048); train: default 512 2048")
+    b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
+    b.add_argument("--systems", nargs="+", default=None, help="resnet/train: subset of systems to time")
     b.add_argument("--merge", action="store_true",
                    help="resnet: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--n", type=int, default=128, help="batch size (default 128)")

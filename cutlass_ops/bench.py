@@ -182,19 +182,26 @@ def kernel_times(fn, repeat: int = 10) -> list[tuple[str, float]]:
     return out
 
 
-def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_channels=3,
-                 systems=RESNET_SYSTEMS, iters=50, progress=print) -> dict:
-    from .fused_resnet import FusedResNet
+def resnet_reference(in_channels: int = 3, dtype=torch.float16, seed: int = 0):
+    """The plain module on CUDA with random weights and random non-zero FixUp scalars
+    (FixUp's zero conv2 init would flatter every system)."""
     from .models import SEResNet9FixUp
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     ref = SEResNet9FixUp(in_channels)
-    with torch.no_grad():  # random weights: FixUp's zero conv2 init would flatter every system
+    with torch.no_grad():
         for name, p in ref.named_parameters():
             if p.dim() == 4:
                 p.normal_(0, (2.0 / (p.shape[1] * p.shape[2] * p.shape[3])) ** 0.5)
             elif "fixup" in name:
                 p.uniform_(0.2, 0.8)
-    ref = ref.cuda().to(dtype).eval()
+    return ref.cuda().to(dtype)
+
+
+def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_channels=3,
+                 systems=RESNET_SYSTEMS, iters=50, progress=print) -> dict:
+    from .fused_resnet import FusedResNet
+    from .models import SEResNet9FixUp
+    ref = resnet_reference(in_channels, dtype).eval()
     ref_cl = SEResNet9FixUp(in_channels).cuda().to(dtype).eval().to(memory_format=torch.channels_last)
     ref_cl.load_state_dict(ref.state_dict())
     fused = FusedResNet.from_reference(ref).eval()

@@ -1,0 +1,89 @@
+"""Training-step benchmark (not a test): forward + backward of FusedResNet against PyTorch
+running the reference module, CUDA-event medians and peak memory, in one run.
+
+    python -m cutlass_ops bench train --batch 512 2048
+
+A step is: gradients set to None, forward, loss = mean(out^2) in float32, backward.  The
+optimizer update is left out (it is the same for every system).  FusedResNet's backward is
+ATen (cutlass_ops/autograd.py), not fused kernels yet.
+"""
+from __future__ import annotations
+
+import torch
+
+from .bench import time_cuda
+
+TRAIN_SYSTEMS = ("FusedResNet", "FusedResNet + CUDA graph", "eager channels_last",
+                 "eager channels_last + CUDA graph", "torch.compile")
+
+
+def _step_fn(model, x):
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).float().square().mean().backward()
+    return step
+
+
+def _graphed_step(model, x):
+    """The whole step captured in one CUDA graph (the .grad tensors come from the graph's
+    pool, so each replay overwrites them)."""
+    step = _step_fn(model, x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        model(x).float().square().mean().backward()
+    return graph.replay
+
+
+def bench_train(batch_sizes=(512, 2048), dtype=torch.float16, in_channels=3, systems=TRAIN_SYSTEMS,
+                iters=20, progress=print) -> dict:
+    from .bench import resnet_reference  # random weights, random non-zero FixUp scalars
+    from .fused_resnet import FusedResNet
+    rows = []
+    for n in batch_sizes:
+        row = {"n": n, "results": {}}
+        for name in systems:
+            progress(f"  N={n}: {name} ...")
+            ref = resnet_reference(in_channels, dtype).train()
+            x = torch.randn(n, in_channels, 64, 64, device="cuda", dtype=dtype)
+            if name.startswith("FusedResNet"):
+                model = FusedResNet.from_reference(ref).train()
+            else:
+                model = ref.to(memory_format=torch.channels_last)
+                x = x.contiguous(memory_format=torch.channels_last)
+            if name == "torch.compile":
+                compiled = torch.compile(model)
+                step = _step_fn(compiled, x)
+            elif name.endswith("CUDA graph"):
+                step = _graphed_step(model, x)
+            else:
+                step = _step_fn(model, x)
+            step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            timing = time_cuda(step, warmup=3, iters=iters)
+            timing["peak_mem_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            row["results"][name] = timing
+            del model, step
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return {"dtype": str(dtype)[6:], "in_channels": in_channels, "rows": rows}
+
+
+def print_train_table(result: dict) -> None:
+    print(f"FusedResNet training step (fwd + bwd), {result['dtype']}, C_in={result['in_channels']}: "
+          f"median ms (CUDA events) and peak memory above the model's (MiB)")
+    for row in result["rows"]:
+        best_torch = min(r["median_ms"] for s, r in row["results"].items() if not s.startswith("Fused"))
+        print(f"N={row['n']}")
+        for name, r in row["results"].items():
+            print(f"  {name:34s} {r['median_ms']:9.3f} ms  {r['peak_mem_mib']:9.1f} MiB  "
+                  f"{r['median_ms'] / best_torch:5.2f}x best PyTorch")
