@@ -2,8 +2,9 @@
 fused kernels yet.
 
 Training works (loss.backward(), torch.optim, autocast-free fp16/bf16 and float32) with
-gradients from float32 (float64 for double) ATen math: the conv's dgrad/wgrad through
-aten.convolution_backward, the epilogue and the SE gate by recomputing their forward.
+gradients from ATen: the conv's dgrad/wgrad through aten.convolution_backward (in fp16/bf16
+on CUDA, as PyTorch's own backward; float32 elsewhere), the epilogue (ReLU mask, FixUp
+scalar sums) and the SE gate in float32 by recomputing their forward.
 Nothing is saved beyond the op inputs and the conv output; the fused CUTLASS dgrad/wgrad
 kernels are future work (issue: FusedResNet training).
 """
@@ -15,6 +16,14 @@ import torch.nn.functional as F
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _conv_dtype(t: torch.Tensor) -> torch.dtype:
+    """dtype of the backward's convolutions: fp16/bf16 on CUDA stay in it (cuDNN tensor
+    cores, float32 accumulation, as PyTorch's own backward); otherwise float32/64."""
+    if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16):
+        return t.dtype
+    return _compute_dtype(t)
 
 
 def _grad_like(g, t):
@@ -35,9 +44,9 @@ def _conv_setup(ctx, inputs, output):
 
 def _conv_backward(ctx, grad):
     x, w, bias, residual, scale = ctx.saved_tensors
-    cd = _compute_dtype(x)
-    xf, wf, g = x.to(cd), w.to(cd), grad.to(cd)
-    conv = F.conv2d(xf, wf, stride=ctx.stride, padding=ctx.padding)
+    cd, conv_dtype = _compute_dtype(x), _conv_dtype(x)
+    xc, wc, g = x.to(conv_dtype), w.to(conv_dtype), grad.to(cd)
+    conv = F.conv2d(xc, wc, stride=ctx.stride, padding=ctx.padding).to(cd)
     s = scale.to(cd).reshape(()) if scale is not None else None
     grad_post = None
     if ctx.has_post_bias:
@@ -60,7 +69,7 @@ def _conv_backward(ctx, grad):
     grad_x = grad_w = None
     if needs[0] or needs[1]:
         grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
-            g_conv, xf, wf, None, ctx.stride, ctx.padding, [1, 1], False, [0, 0], 1,
+            g_conv.to(conv_dtype), xc, wc, None, ctx.stride, ctx.padding, [1, 1], False, [0, 0], 1,
             [needs[0], needs[1], False])
     return (_grad_like(grad_x, x), _grad_like(grad_w, w), _grad_like(grad_bias, bias),
             _grad_like(grad_residual, residual), _grad_like(grad_scale, scale), grad_post,
@@ -135,18 +144,18 @@ def _s2d_setup(ctx, inputs, output):
 
 def _s2d_backward(ctx, grad):
     x, w = ctx.saved_tensors
-    cd = _compute_dtype(x)
-    s2d, wf, g = space_to_depth(x.to(cd)), w.to(cd), grad.to(cd)
+    cd, conv_dtype = _compute_dtype(x), _conv_dtype(x)
+    s2d, wc, g = space_to_depth(x.to(conv_dtype)), w.to(conv_dtype), grad.to(cd)
     grad_post = None
     if ctx.post_bias_meta is not None and ctx.needs[2]:
         shape, dtype = ctx.post_bias_meta
         grad_post = g.sum().to(dtype).reshape(shape)
     if ctx.relu:  # recompute the pre-activation for the mask (torch.relu: zero at <= 0)
-        g = g * (F.conv2d(s2d, wf) > 0)
+        g = g * (F.conv2d(s2d, wc) > 0)
     grad_x = grad_w = None
     if ctx.needs[0] or ctx.needs[1]:
         grad_s2d, grad_w, _ = torch.ops.aten.convolution_backward(
-            g, s2d, wf, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [ctx.needs[0], ctx.needs[1], False])
+            g.to(conv_dtype), s2d, wc, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [ctx.needs[0], ctx.needs[1], False])
         if grad_s2d is not None:
             grad_x = depth_to_space(grad_s2d, x.shape[1])
     return _grad_like(grad_x, x), _grad_like(grad_w, w), grad_post, None

@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int ima
   int const warp = tid / 32, lane = tid % 32;
   for (int r = warp; r < a.R; r += kThreads / 32) {
     float dot[kMaxImagesPerCta] = {};
-#pragma unroll 2
+#pragma unroll 4
     for (int c = lane; c < a.C; c += 32) {
       float w = a.w1[size_t(r) * a.C + c];
 #pragma unroll
@@ -113,23 +113,23 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int ima
   }
   __syncthreads();  // hidden is complete, and every read of the sums is done
 
-  // Second Linear + sigmoid: one warp per channel, lanes over the hidden units (coalesced
-  // W2 rows).  The gate overwrites the sums.
-  for (int c = warp; c < a.C; c += kThreads / 32) {
+  // Second Linear + sigmoid: one thread per channel.  Its loads of a W2 row are
+  // independent, so unrolling keeps several in flight (latency, not bandwidth, limits this
+  // phase: W2 is small and L2-resident); each is used for all of the CTA's images.  The
+  // gate overwrites the sums.
+  for (int c = tid; c < a.C; c += kThreads) {
+    float const* row = a.w2 + size_t(c) * a.R;
     float dot[kMaxImagesPerCta] = {};
-    for (int r = lane; r < a.R; r += 32) {
-      float w = a.w2[size_t(c) * a.R + r];
+#pragma unroll 8
+    for (int r = 0; r < a.R; ++r) {
+      float w = row[r];
 #pragma unroll
       for (int i = 0; i < kMaxImagesPerCta; ++i)
         if (i < images) dot[i] += w * hidden[i * a.R + r];
     }
 #pragma unroll
-    for (int i = 0; i < kMaxImagesPerCta; ++i) {
-      if (i >= images) break;
-      float d = dot[i];
-      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      if (lane == 0) gate[i * a.C + c] = 1.f / (1.f + __expf(-(d + a.b2[c])));
-    }
+    for (int i = 0; i < kMaxImagesPerCta; ++i)
+      if (i < images) gate[i * a.C + c] = 1.f / (1.f + __expf(-(dot[i] + a.b2[c])));
   }
   __syncthreads();
 

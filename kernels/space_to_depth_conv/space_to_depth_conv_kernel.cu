@@ -55,30 +55,38 @@ __device__ void conv_tile(SpaceToDepthConvArgs const& a, Smem const& s) {
   constexpr int K = 16 * kTilesN;
   int const C = a.C, KC = 16 * a.C;
   int const P = a.H / kBlock, Q = a.W / kBlock;
-  long long const M = static_cast<long long>(a.N) * P * Q;
-  long long const m0 = static_cast<long long>(blockIdx.x) * kPixels;
+  int const M = a.N * P * Q;  // < 2^31: the op checks the sizes
+  int const m0 = blockIdx.x * kPixels;
   int const tid = threadIdx.x;
 
-  // Weights: (K, 16C) row-major is B column-major (B[kc][k] at k * ldb + kc).
-  T const* w = static_cast<T const*>(a.weight);
-  for (int i = tid; i < K * KC; i += kThreads) B[(i / KC) * s.ldb + i % KC] = w[i];
+  // Weights: (K, 16C) row-major is B column-major (B[kc][k] at k * ldb + kc); 16 bytes a
+  // load (16C and ldb are multiples of 8).
+  uint4 const* w = static_cast<uint4 const*>(a.weight);
+  for (int i = tid; i < K * KC / 8; i += kThreads) {
+    int k = (i * 8) / KC, kc = (i * 8) % KC;
+    *reinterpret_cast<uint4*>(B + k * s.ldb + kc) = w[i];
+  }
 
-  // Input patches, in the order that makes neighbouring threads read neighbouring input
-  // columns: dx fastest, then pixel, then dy, then c.
+  // Input patches.  Each thread owns (pixel, dx) pairs, neighbouring threads the
+  // neighbouring input columns (dx fastest, then q), and walks that column's C x 4 values.
   T const* x = static_cast<T const*>(a.input);
-  for (int i = tid; i < kPixels * KC; i += kThreads) {
-    int dx = i % kBlock, t = i / kBlock;
-    int pix = t % kPixels;
-    t /= kPixels;
-    int dy = t % kBlock, c = t / kBlock;
-    long long m = m0 + pix;
-    T v = T(0.f);
+  for (int j = tid; j < kPixels * kBlock; j += kThreads) {
+    int const dx = j % kBlock, pix = j / kBlock;
+    int const m = m0 + pix;
+    T* row = A + pix * s.lda + dx * C;
     if (m < M) {
-      long long n = m / (P * Q);
-      int pq = static_cast<int>(m % (P * Q)), p = pq / Q, q = pq % Q;
-      v = x[n * a.stride_n + c * a.stride_c + (kBlock * p + dy) * a.stride_h + (kBlock * q + dx) * a.stride_w];
+      int const n = m / (P * Q), pq = m % (P * Q), p = pq / Q, q = pq % Q;
+      T const* src = x + n * a.stride_n + (kBlock * p) * a.stride_h + (kBlock * q + dx) * a.stride_w;
+      for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int dy = 0; dy < kBlock; ++dy) row[dy * kBlock * C + c] = src[c * a.stride_c + dy * a.stride_h];
+      }
+    } else {
+      for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int dy = 0; dy < kBlock; ++dy) row[dy * kBlock * C + c] = T(0.f);
+      }
     }
-    A[pix * s.lda + dy * kBlock * C + dx * C + c] = v;
   }
   __syncthreads();
 
@@ -108,7 +116,7 @@ __device__ void conv_tile(SpaceToDepthConvArgs const& a, Smem const& s) {
   T* out = static_cast<T*>(a.output);
   for (int i = tid; i < kPixels * (K / 8); i += kThreads) {
     int pix = i / (K / 8), k0 = (i % (K / 8)) * 8;
-    long long m = m0 + pix;
+    int const m = m0 + pix;
     if (m >= M) continue;
     float const* src = acc_tile + pix * s.ldacc + k0;
     uint4 raw;
@@ -122,7 +130,7 @@ __device__ void conv_tile(SpaceToDepthConvArgs const& a, Smem const& s) {
       }
       pairs[j] = Convert<T>::pack(v0 + post, v1 + post);
     }
-    *reinterpret_cast<uint4*>(out + m * K + k0) = raw;
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(m) * K + k0) = raw;
   }
 }
 
@@ -148,7 +156,7 @@ cudaError_t launch_typed(SpaceToDepthConvArgs const& a, cudaStream_t stream) {
                                            static_cast<int>(s.total()));
     if (err != cudaSuccess) return err;
   }
-  long long M = static_cast<long long>(a.N) * (a.H / kBlock) * (a.W / kBlock);
+  int M = a.N * (a.H / kBlock) * (a.W / kBlock);
   unsigned grid = static_cast<unsigned>((M + kPixels - 1) / kPixels);
   kernel<<<grid, kThreads, s.total(), stream>>>(a, s);
   return cudaGetLastError();
