@@ -99,14 +99,16 @@ def _se_setup(ctx, inputs, output):
 def _se_backward(ctx, grad_out, grad_pooled):
     saved = ctx.saved_tensors
     cd = _compute_dtype(saved[0])
-    leaves = [t.detach().to(cd).requires_grad_() if t is not None else None for t in saved]
+    # Recomputed in NCHW-contiguous memory: CUDA's avg_pool2d backward is wrong for
+    # channels_last input with padding (pytorch/pytorch#188344, torch <= 2.11 at least).
+    leaves = [t.detach().to(cd).contiguous().requires_grad_() if t is not None else None for t in saved]
     needs = list(ctx.needs_input_grad) + [False] * 9  # short when defaults were dropped
     with torch.enable_grad():
         out = se_gate_reference(*leaves)
-        outputs, grads = [out], [grad_out.to(cd)]
+        outputs, grads = [out], [grad_out.to(cd).contiguous()]
         if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
             outputs.append(F.avg_pool2d(out, 3, 2, 1, count_include_pad=True))
-            grads.append(grad_pooled.to(cd))
+            grads.append(grad_pooled.to(cd).contiguous())
         wanted = [t for t, need in zip(leaves, needs) if t is not None and need]
         found = torch.autograd.grad(outputs, wanted, grads, allow_unused=True) if wanted else []
     found = iter(found)

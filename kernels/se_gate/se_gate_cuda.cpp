@@ -52,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
   int dev = h.device().index(), num_sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaError_t err = launch_se_gate(a, se_gate_images_per_cta(a.N, a.C, a.R, num_sms),
+  cudaError_t err = launch_se_gate(a, se_gate_images_per_cta(a.N, a.H, a.W, a.C, a.R, num_sms),
                                    c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
   return {out, pooled};

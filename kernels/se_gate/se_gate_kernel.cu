@@ -47,11 +47,12 @@ __device__ void store8(T* p, float const (&v)[kVec]) {
 
 // One CTA per `images_per_cta` consecutive images (more than one when there are plenty of
 // CTAs: the excite weights are then read once per group, not once per image).
-template <typename T>
-__global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int images_per_cta) {
+template <typename T, int kImages>
+__global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
+  constexpr int images_per_cta = kImages;
   extern __shared__ float smem[];
   int const n0 = blockIdx.x * images_per_cta;
-  int const images = min(images_per_cta, a.N - n0);
+  int const images = min(images_per_cta, a.N - n0);  // the last CTA may have fewer
   float* gate = smem;                               // [images][C]: channel sums, then the gate
   float* hidden = smem + images_per_cta * a.C;      // [images][R]
   float* partial = hidden + images_per_cta * a.R;   // [kThreads][kVec]
@@ -95,16 +96,16 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int ima
   float const inv_hw = 1.f / HW;
   int const warp = tid / 32, lane = tid % 32;
   for (int r = warp; r < a.R; r += kThreads / 32) {
-    float dot[kMaxImagesPerCta] = {};
+    float dot[kImages] = {};
 #pragma unroll 4
     for (int c = lane; c < a.C; c += 32) {
       float w = a.w1[size_t(r) * a.C + c];
 #pragma unroll
-      for (int i = 0; i < kMaxImagesPerCta; ++i)
+      for (int i = 0; i < kImages; ++i)
         if (i < images) dot[i] += w * gate[i * a.C + c];
     }
 #pragma unroll
-    for (int i = 0; i < kMaxImagesPerCta; ++i) {
+    for (int i = 0; i < kImages; ++i) {
       if (i >= images) break;
       float d = dot[i];
       for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
@@ -119,16 +120,16 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int ima
   // gate overwrites the sums.
   for (int c = tid; c < a.C; c += kThreads) {
     float const* row = a.w2 + size_t(c) * a.R;
-    float dot[kMaxImagesPerCta] = {};
+    float dot[kImages] = {};
 #pragma unroll 8
     for (int r = 0; r < a.R; ++r) {
       float w = row[r];
 #pragma unroll
-      for (int i = 0; i < kMaxImagesPerCta; ++i)
+      for (int i = 0; i < kImages; ++i)
         if (i < images) dot[i] += w * hidden[i * a.R + r];
     }
 #pragma unroll
-    for (int i = 0; i < kMaxImagesPerCta; ++i)
+    for (int i = 0; i < kImages; ++i)
       if (i < images) gate[i * a.C + c] = 1.f / (1.f + __expf(-(dot[i] + a.b2[c])));
   }
   __syncthreads();
@@ -180,6 +181,9 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a, int ima
   }
 }
 
+template <int kImages>
+cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream);
+
 }  // namespace
 
 size_t se_gate_smem_bytes(int C, int R, int images_per_cta) {
@@ -188,27 +192,42 @@ size_t se_gate_smem_bytes(int C, int R, int images_per_cta) {
 
 int se_gate_max_channels() { return kThreads * kVec; }
 
-int se_gate_images_per_cta(int N, int C, int R, int num_sms) {
-  // Group images only while at least two CTAs per SM remain, and keep shared memory small.
+int se_gate_images_per_cta(int N, int H, int W, int C, int R, int num_sms) {
+  // Group images while a group has fewer 8-channel vectors than two per thread (few
+  // pixels, many channels: reading the excite weights then dominates), while at least
+  // two CTAs per SM remain and shared memory stays small.
+  int const vectors_per_image = H * W * C / kVec;
   int images = 1;
-  while (images < kMaxImagesPerCta && N / (2 * images) >= 2 * num_sms &&
-         se_gate_smem_bytes(C, R, 2 * images) <= 64 * 1024) {
+  while (images < kMaxImagesPerCta && images * vectors_per_image < 2 * kThreads &&
+         N / (2 * images) >= 2 * num_sms && se_gate_smem_bytes(C, R, 2 * images) <= 64 * 1024) {
     images *= 2;
   }
   return images;
 }
 
-cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream) {
-  if (images_per_cta < 1 || images_per_cta > kMaxImagesPerCta) return cudaErrorInvalidValue;
-  size_t smem = se_gate_smem_bytes(a.C, a.R, images_per_cta);
-  unsigned grid = static_cast<unsigned>((a.N + images_per_cta - 1) / images_per_cta);
-  auto kernel = a.dtype == DType::kF16 ? se_gate_kernel<__half> : se_gate_kernel<__nv_bfloat16>;
+namespace {
+template <int kImages>
+cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream) {
+  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages);
+  unsigned grid = static_cast<unsigned>((a.N + kImages - 1) / kImages);
+  auto kernel = a.dtype == DType::kF16 ? se_gate_kernel<__half, kImages> : se_gate_kernel<__nv_bfloat16, kImages>;
   if (smem > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid, kThreads, smem, stream>>>(a, images_per_cta);
+  kernel<<<grid, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream) {
+  switch (images_per_cta) {
+    case 1: return launch_typed<1>(a, stream);
+    case 2: return launch_typed<2>(a, stream);
+    case 4: return launch_typed<4>(a, stream);
+    case 8: return launch_typed<8>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace se_gate

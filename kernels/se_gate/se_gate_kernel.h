@@ -33,9 +33,9 @@ struct SeGateArgs {
 // Shared memory the kernel needs (bytes).
 size_t se_gate_smem_bytes(int C, int R, int images_per_cta);
 
-// Images per CTA for N images on a GPU with `num_sms` SMs: 1, or up to 8 when there are
-// enough CTAs to fill the GPU twice over (fewer reads of the excite weights).
-int se_gate_images_per_cta(int N, int C, int R, int num_sms);
+// Images per CTA (1, 2, 4 or 8) for N images of H x W x C on a GPU with `num_sms` SMs:
+// more than 1 for small images when there are CTAs enough to fill the GPU twice over.
+int se_gate_images_per_cta(int N, int H, int W, int C, int R, int num_sms);
 
 // Largest C the kernel takes (one thread per 8 channels of a pixel).
 int se_gate_max_channels();

@@ -134,3 +134,25 @@ def test_training_step_under_torch_compile():
     fused(x).square().sum().backward()
     for n, p in fused.named_parameters():
         torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_se_gate_avgpool_gradients_cuda_match_cpu():
+    # CUDA's avg_pool2d backward is wrong for channels_last input with padding
+    # (pytorch/pytorch#188344); se_gate's backward must not go through that path.
+    g = torch.Generator().manual_seed(11)
+    args = [torch.randn(3, 64, 8, 8, generator=g), torch.randn(3, 64, 8, 8, generator=g),
+            torch.randn(4, 64, generator=g) / 8, torch.randn(4, generator=g),
+            torch.randn(64, 4, generator=g) / 2, torch.randn(64, generator=g), None, torch.randn((), generator=g)]
+    grad_out = torch.randn(3, 64, 8, 8, generator=g)
+    grad_pooled = torch.randn(3, 64, 4, 4, generator=g)  # NCHW-contiguous, as a conv's dgrad may give
+
+    def grads(device):
+        leaves = [a.to(device).requires_grad_() if a is not None else None for a in args]
+        h, idn = (t.detach().contiguous(memory_format=torch.channels_last).requires_grad_() for t in leaves[:2])
+        out, pooled = cutlass_ops.se_gate(h, idn, *leaves[2:], avgpool=True)
+        torch.autograd.backward([out, pooled], [grad_out.to(device), grad_pooled.to(device)])
+        return [h.grad, idn.grad] + [t.grad for t in leaves[2:] if t is not None]
+
+    for got, want in zip(grads("cuda"), grads("cpu")):
+        assert errors(got, want)[0] < 1e-5
