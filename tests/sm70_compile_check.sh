@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compile-only check of the generator's Volta (Sm70, mma 8x8x4) kernel instances for sm_70.
+# Compile-only check for sm_70 of the generator's Volta (Sm70, mma 8x8x4) kernel instances
+# and of the hand-written kernels (kernels/*/*_kernel.cu, built for every arch).
 # CUDA 13 (/usr/local/cuda) dropped sm_70, so this uses Debian bookworm's CUDA 11.8
 # (non-free `nvidia-cuda-toolkit`, nvcc in /usr/bin) with g++-11: with gcc 12 its host pass
 # fails.  Nothing is run; no GPU needed.
@@ -46,7 +47,8 @@ tail -n 1 "$OUT/gen.log"
 
 shopt -s nullglob
 passed=0 failed=0
-for cu in "$OUT"/gen/*_sm70_*.cu; do
+# The generated Sm70 CUTLASS instances, and the hand-written kernels (built for every arch).
+for cu in "$OUT"/gen/*_sm70_*.cu "$REPO"/kernels/*/*_kernel.cu; do
   name=$(basename "$cu" .cu)
   start=$SECONDS
   # nvcc finds ptxas/cudafe++/fatbinary on PATH, where /usr/local/bin has CUDA 13 wrappers

@@ -19,8 +19,17 @@ template <> struct Vec<__half> {
   using T2 = __half2;
 };
 template <> struct Vec<__nv_bfloat16> {
-  static __device__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
-  static __device__ __nv_bfloat162 from_float2(float2 v) { return __float22bfloat162_rn(v); }
+  // One element at a time: CUDA 11.8 declares the paired bf16 conversions for sm80+ only,
+  // and these kernels are built for sm70 too.
+  static __device__ float2 to_float2(__nv_bfloat162 v) {
+    return make_float2(__bfloat162float(v.x), __bfloat162float(v.y));
+  }
+  static __device__ __nv_bfloat162 from_float2(float2 v) {
+    __nv_bfloat162 r;
+    r.x = __float2bfloat16_rn(v.x);
+    r.y = __float2bfloat16_rn(v.y);
+    return r;
+  }
   using T2 = __nv_bfloat162;
 };
 
