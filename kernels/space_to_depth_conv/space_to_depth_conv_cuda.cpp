@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
+
 #include "space_to_depth_conv/space_to_depth_conv_kernel.h"
 #include "space_to_depth_conv/space_to_depth_conv_op.h"
 
@@ -26,12 +28,15 @@ at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& w
   int dev = input.device().index(), major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (!kernel_supports(kernel_dtype, 10 * major + minor, C, K)) {
+  // The kernel indexes output pixels (N * H/4 * W/4) with 32-bit integers.
+  if (!kernel_supports(kernel_dtype, 10 * major + minor, C, K) || shape[0] * shape[2] * shape[3] >= INT32_MAX) {
     return space_to_depth_conv_aten(input, weight, post_bias, relu);
   }
   auto out = at::empty(shape, input.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (out.numel() == 0) return out;
   at::Tensor w = weight.contiguous();  // (K, 16C, 1, 1): the same bytes in either format
+  // The kernel loads the weight 16 bytes at a time (a sliced weight may start unaligned).
+  if (reinterpret_cast<std::uintptr_t>(w.data_ptr()) % 16 != 0) w = w.clone();
   at::Tensor pb = post_bias ? post_bias->to(at::kFloat).contiguous() : at::Tensor();
 
   SpaceToDepthConvArgs a{};

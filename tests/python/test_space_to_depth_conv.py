@@ -114,3 +114,14 @@ def test_cuda_graph_capture():
     graph.replay()
     rel, _ = errors(out, reference(x, wt, post, True))
     assert rel <= TOLERANCE[torch.float16][0] and not torch.equal(out, static)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_view_not_16_byte_aligned(device):
+    g = torch.Generator().manual_seed(6)
+    x, wt, post = make(2, 3, 8, 8, 64, torch.float16, device, g)
+    storage = torch.zeros(wt.numel() + 1, device=device, dtype=wt.dtype)
+    shifted = storage[1:].view_as(wt)  # starts 2 bytes into the allocation
+    shifted.copy_(wt)
+    rel, _ = errors(cutlass_ops.space_to_depth_conv(x, shifted, post, relu=True), reference(x, wt, post, True))
+    assert rel <= TOLERANCE[torch.float16][0]
