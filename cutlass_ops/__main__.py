@@ -183,10 +183,13 @@ def main(argv=None) -> int:
     lay.set_defaults(fn=cmd_layers)
     t = sub.add_parser("train-check", help="train FusedResNet and the reference side by side on a "
                                            "synthetic task; compare and plot the loss curves")
-    t.add_argument("--steps", type=int, default=50)
+    t.add_argument("--steps", type=int, default=50, help="optimizer steps (default 50)")
     t.add_argument("--n", type=int, default=16, help="batch size (default 16)")
-    t.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    t.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    t.add_argument("--device", default="cuda" if _cuda() else "cpu", help="default cuda when available")
+    t.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
+                   help="weights and activations (default fp32)")
+    t.add_argument("--amp", choices=["fp16", "bf16"], default=None,
+                   help="mixed precision: float32 weights, torch.autocast to this dtype, GradScaler")
     t.add_argument("--out", default="bench_results/train", help="output path without suffix (.json, .png)")
     t.set_defaults(fn=lambda a: __import__("cutlass_ops.train_check", fromlist=["main"]).main(a))
     pr = sub.add_parser("profile", help="time every built conv kernel on FusedResNet's conv problems and "

@@ -97,23 +97,34 @@ class FusedResNet(SEResNet9FixUp):
         return hit[1]
 
     # -- forward ---------------------------------------------------------------------------
-    def _check_input(self, x: torch.Tensor) -> None:
+    def _check_input(self, x: torch.Tensor, autocast_dtype) -> None:
         w = self.stem[1].weight
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"FusedResNet: expected input (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
         if x.shape[2] % 4 or x.shape[3] % 4:
             raise ValueError(f"FusedResNet: input height and width must be multiples of 4, got "
                              f"{x.shape[2]}x{x.shape[3]}")
-        if x.dtype != w.dtype or x.device != w.device:
+        if x.device != w.device or (autocast_dtype is None and x.dtype != w.dtype):
             raise ValueError(f"FusedResNet: input is {x.dtype} on {x.device} but the model is "
                              f"{w.dtype} on {w.device}; convert one of them")
+        if autocast_dtype is not None and not x.is_floating_point():
+            raise ValueError(f"FusedResNet: input must be floating, got {x.dtype}")
+
+    @staticmethod
+    def _autocast_dtype(x: torch.Tensor):
+        """The dtype torch.autocast asks for on x's device, or None outside autocast."""
+        device = x.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
+        return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x)
-        if self.graph and x.is_cuda and not torch.is_grad_enabled() \
+        autocast_dtype = self._autocast_dtype(x)
+        self._check_input(x, autocast_dtype)
+        if self.graph and x.is_cuda and not torch.is_grad_enabled() and autocast_dtype is None \
                 and not torch.cuda.is_current_stream_capturing():
             return self._graphed(x)
-        return self._fused_forward(x)
+        return self._fused_forward(x, autocast_dtype=autocast_dtype)
 
     def kernel_report(self, x: torch.Tensor) -> list[tuple[str, tuple, str]]:
         """(layer, output shape, kernel) for each conv of one forward on x: which generated
@@ -123,9 +134,15 @@ class FusedResNet(SEResNet9FixUp):
             self._fused_forward(x, report)
         return report
 
-    def _fused_forward(self, x: torch.Tensor, report: list | None = None) -> torch.Tensor:
-        def conv(name, *args, **kwargs):
-            y = conv2d_fused(*args, **kwargs)
+    def _fused_forward(self, x: torch.Tensor, report: list | None = None, autocast_dtype=None) -> torch.Tensor:
+        # Under torch.autocast the input and the conv weights are cast to its dtype, as
+        # autocast does for F.conv2d (differentiably: float32 master weights get float32
+        # gradients, which GradScaler needs).  FixUp scalars and SE weights stay float32.
+        def cast(t):
+            return t if autocast_dtype is None or t.dtype == autocast_dtype else t.to(autocast_dtype)
+
+        def conv(name, x, weight, *args, **kwargs):
+            y = conv2d_fused(x, cast(weight), *args, **kwargs)
             if report is not None:
                 report.append((name, tuple(y.shape), torch.ops.cutlass_ops.conv2d_fused_last_kernel()))
             return y
@@ -134,7 +151,8 @@ class FusedResNet(SEResNet9FixUp):
         b1a0 = blocks[0].fixup_bias1a
         # The stem's epilogue adds block 0's b1a: xa = relu(stem) + b1a.  Block 0's identity
         # is the stem output itself, recovered in se_gate as xa + (-b1a).
-        xa = space_to_depth_conv(x, self.stem[1].weight, b1a0, relu=True)
+        x = cast(x)
+        xa = space_to_depth_conv(x, cast(self.stem[1].weight), b1a0, relu=True)
         if report is not None:
             half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
             report.append(("stem", tuple(xa.shape), "space_to_depth_conv WMMA kernel" if half else "aten"))

@@ -29,29 +29,38 @@ def synthetic_task(n: int, in_channels: int, device, dtype, seed: int = 0):
     return x, (target @ readout).to(dtype)
 
 
-def train_curves(steps=50, n=16, in_channels=3, device="cpu", dtype=torch.float32, lr=0.05, seed=0):
+def train_curves(steps=50, n=16, in_channels=3, device="cpu", dtype=torch.float32, lr=0.05, seed=0,
+                 amp_dtype=None):
+    """Both models from the same weights, SGD with momentum.  With `amp_dtype` the weights
+    stay `dtype` (float32) and each step runs under torch.autocast(amp_dtype) with a
+    GradScaler, the usual mixed-precision recipe."""
     torch.manual_seed(seed)
     ref = SEResNet9FixUp(in_channels).to(device=device, dtype=dtype)
     head = torch.nn.Linear(512 * 4, 10).to(device=device, dtype=dtype)
     fused = FusedResNet.from_reference(ref)
     models = {"reference (PyTorch)": (ref, head), "FusedResNet": (fused, copy.deepcopy(head))}
     x, y = synthetic_task(n, in_channels, device, dtype, seed)
+    device_type = torch.device(device).type
     curves = {}
     for name, (body, readout) in models.items():
         body.train()
         opt = torch.optim.SGD(list(body.parameters()) + list(readout.parameters()), lr=lr, momentum=0.9)
+        scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype is not None)
         losses = []
         for _ in range(steps):
             opt.zero_grad()
-            loss = F.mse_loss(readout(body(x).flatten(1)).float(), y.float())
-            loss.backward()
-            opt.step()
+            with torch.autocast(device_type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = F.mse_loss(readout(body(x).flatten(1)).float(), y.float())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             losses.append(loss.item())
         curves[name] = losses
     a, b = curves.values()
     max_rel_diff = max(abs(u - v) / max(abs(u), 1e-12) for u, v in zip(a, b))
     return {"steps": steps, "n": n, "in_channels": in_channels, "device": str(device),
-            "dtype": str(dtype)[6:], "lr": lr, "curves": curves, "max_rel_diff": max_rel_diff}
+            "dtype": str(dtype)[6:], "autocast": str(amp_dtype)[6:] if amp_dtype else None, "lr": lr,
+            "curves": curves, "max_rel_diff": max_rel_diff}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -64,7 +73,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("MSE loss")
     ax.set_yscale("log")
-    ax.set_title(f"SE-ResNet9-FixUp training, {result['dtype']} on {result['device']} "
+    precision = result["dtype"] + (f" + autocast {result['autocast']}" if result.get("autocast") else "")
+    ax.set_title(f"SE-ResNet9-FixUp training, {precision} on {result['device']} "
                  f"(max rel. diff {result['max_rel_diff']:.1e})", fontsize=9)
     ax.legend()
     fig.tight_layout()
@@ -72,8 +82,11 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(args) -> int:
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    result = train_curves(args.steps, args.n, 3, args.device, dtype)
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    amp = dtypes[args.amp] if args.amp else None
+    if amp is not None and args.dtype != "fp32":
+        raise SystemExit("train-check: --amp keeps float32 weights; leave --dtype at fp32")
+    result = train_curves(args.steps, args.n, 3, args.device, dtypes[args.dtype], amp_dtype=amp)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))

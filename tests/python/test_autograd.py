@@ -156,3 +156,33 @@ def test_se_gate_avgpool_gradients_cuda_match_cpu():
 
     for got, want in zip(grads("cuda"), grads("cpu")):
         assert errors(got, want)[0] < 1e-5
+
+
+def test_autocast_casts_like_pytorch_and_keeps_float32_gradients():
+    # float32 weights under torch.autocast: FusedResNet casts the input and conv weights to
+    # the autocast dtype (CPU autocast: bf16), as autocast does for the reference's convs.
+    g = torch.Generator().manual_seed(8)
+    ref = randomize_(SEResNet9FixUp(3), g)
+    fused = cutlass_ops.FusedResNet.from_reference(ref).train()
+    r64 = SEResNet9FixUp(3).double()
+    r64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    x = torch.randn(2, 3, 64, 64, generator=g)
+    want = _grads(r64, x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused(x)
+        got, eager = _grads(fused, x), _grads(ref, x)
+    assert out.dtype == torch.bfloat16
+    assert errors(out, r64(x.double()))[0] < 2e-2
+    assert all(got[n].dtype == torch.float32 for n in got if n != "input")
+    rms = lambda errs: (sum(e * e for e in errs) / len(errs)) ** 0.5  # noqa: E731
+    fused_rms = rms([errors(got[n], w)[0] for n, w in want.items()])
+    eager_rms = rms([errors(eager[n], w)[0] for n, w in want.items()])
+    assert fused_rms <= 1.25 * eager_rms, (fused_rms, eager_rms)
+
+
+def test_mixed_precision_training_with_grad_scaler():
+    from cutlass_ops.train_check import train_curves
+    result = train_curves(steps=5, n=4, device="cpu", dtype=torch.float32, amp_dtype=torch.bfloat16)
+    for losses in result["curves"].values():
+        assert losses[-1] < losses[0]
+    assert result["max_rel_diff"] < 5e-2, result["curves"]
