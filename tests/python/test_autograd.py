@@ -158,20 +158,22 @@ def test_se_gate_avgpool_gradients_cuda_match_cpu():
         assert errors(got, want)[0] < 1e-5
 
 
-def test_autocast_casts_like_pytorch_and_keeps_float32_gradients():
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.bfloat16), pytest.param(
+    "cuda", torch.float16, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_autocast_casts_like_pytorch_and_keeps_float32_gradients(device, dtype):
     # float32 weights under torch.autocast: FusedResNet casts the input and conv weights to
-    # the autocast dtype (CPU autocast: bf16), as autocast does for the reference's convs.
+    # the autocast dtype, as autocast does for the reference's convs.
     g = torch.Generator().manual_seed(8)
-    ref = randomize_(SEResNet9FixUp(3), g)
+    ref = randomize_(SEResNet9FixUp(3), g).to(device)
     fused = cutlass_ops.FusedResNet.from_reference(ref).train()
-    r64 = SEResNet9FixUp(3).double()
+    r64 = SEResNet9FixUp(3).double().to(device)
     r64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
-    x = torch.randn(2, 3, 64, 64, generator=g)
+    x = torch.randn(2, 3, 64, 64, generator=g).to(device)
     want = _grads(r64, x.double())
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=dtype):
         out = fused(x)
         got, eager = _grads(fused, x), _grads(ref, x)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == dtype
     assert errors(out, r64(x.double()))[0] < 2e-2
     assert all(got[n].dtype == torch.float32 for n in got if n != "input")
     rms = lambda errs: (sum(e * e for e in errs) / len(errs)) ** 0.5  # noqa: E731
