@@ -1,17 +1,20 @@
 """Autograd for conv2d_fused, se_gate and space_to_depth_conv: backward through ATen, not
 fused kernels yet.
 
-Training works (loss.backward(), torch.optim, autocast-free fp16/bf16 and float32) with
-gradients from ATen: the conv's dgrad/wgrad through aten.convolution_backward (in fp16/bf16
-on CUDA, as PyTorch's own backward; float32 elsewhere), the epilogue (ReLU mask, FixUp
-scalar sums) and the SE gate in float32 by recomputing their forward.
-Nothing is saved beyond the op inputs and the conv output; the fused CUTLASS dgrad/wgrad
-kernels are future work (issue: FusedResNet training).
+Training works (loss.backward(), torch.optim; fp16/bf16 and float32 weights, and
+torch.autocast through FusedResNet) with gradients from ATen: the conv's dgrad/wgrad
+through aten.convolution_backward (in fp16/bf16 on CUDA, as PyTorch's own backward;
+float32 elsewhere), the epilogue (ReLU mask, FixUp scalar sums) and the SE gate in float32
+by recomputing their forward.
+Nothing is saved beyond the op inputs (the convs are recomputed); the fused CUTLASS
+dgrad/wgrad kernels are future work (issue: FusedResNet training).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .models import depth_to_space, space_to_depth
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -121,20 +124,6 @@ torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_cont
 
 
 # ---- space_to_depth_conv: y = act(conv1x1(s2d(x), w)) + post_bias -------------------------------
-
-def space_to_depth(x: torch.Tensor, block: int = 4) -> torch.Tensor:
-    """(N, C, H, W) -> (N, block*block*C, H/block, W/block), channel dy*block*C + dx*C + c."""
-    n, c, h, w = x.shape
-    return x.reshape(n, c, h // block, block, w // block, block).permute(0, 3, 5, 1, 2, 4) \
-        .reshape(n, block * block * c, h // block, w // block)
-
-
-def depth_to_space(y: torch.Tensor, channels: int, block: int = 4) -> torch.Tensor:
-    """The inverse of space_to_depth."""
-    n, _, p, q = y.shape
-    return y.reshape(n, block, block, channels, p, q).permute(0, 3, 4, 1, 5, 2) \
-        .reshape(n, channels, p * block, q * block)
-
 
 def _s2d_setup(ctx, inputs, output):
     x, w, post_bias, relu = inputs

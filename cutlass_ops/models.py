@@ -10,6 +10,20 @@ import torch
 from torch import nn
 
 
+def space_to_depth(x: torch.Tensor, block: int = 4) -> torch.Tensor:
+    """(N, C, H, W) -> (N, block*block*C, H/block, W/block); new channel dy*block*C + dx*C + c."""
+    n, c, h, w = x.shape
+    x = x.reshape(n, c, h // block, block, w // block, block).permute(0, 3, 5, 1, 2, 4)
+    return x.reshape(n, block * block * c, h // block, w // block)
+
+
+def depth_to_space(y: torch.Tensor, channels: int, block: int = 4) -> torch.Tensor:
+    """The inverse of space_to_depth."""
+    n, _, p, q = y.shape
+    return y.reshape(n, block, block, channels, p, q).permute(0, 3, 4, 1, 5, 2) \
+        .reshape(n, channels, p * block, q * block)
+
+
 class SpaceToDepth(nn.Module):
     """(N, C, H, W) -> (N, 16C, H/4, W/4); new channel index = dy*4*C + dx*C + c."""
 
@@ -18,10 +32,7 @@ class SpaceToDepth(nn.Module):
         self.block = block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = x.shape
-        b = self.block
-        x = x.view(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
-        return x.reshape(n, b * b * c, h // b, w // b)
+        return space_to_depth(x, self.block)
 
 
 class SE(nn.Module):

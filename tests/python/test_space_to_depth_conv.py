@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_ops
-from cutlass_ops.autograd import depth_to_space, space_to_depth
+from cutlass_ops.models import depth_to_space, space_to_depth
 from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
 
 
