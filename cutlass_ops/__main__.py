@@ -95,7 +95,7 @@ def bench_resnet_cmd(args) -> int:
     systems = args.systems or None
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
     result = bench_resnet(args.batch, dtype, args.in_channels,
-                          **({"systems": systems} if systems else {}), iters=args.iters,
+                          **({"systems": systems} if systems else {}), iters=args.iters, rounds=args.rounds,
                           progress=lambda m: print(m, file=sys.stderr, flush=True))
     result["environment"] = environment()
     if args.merge and out.exists():  # runs split over several calls: add rows, keep the rest
@@ -172,6 +172,9 @@ def main(argv=None) -> int:
     b.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
                    help="conv/resnet: fp16 (default) or bf16; giou: box dtype (default fp32)")
     b.add_argument("--iters", type=int, default=100, help="timed iterations (median reported)")
+    b.add_argument("--rounds", type=int, default=3,
+                   help="resnet: time every system this many times, interleaved; report the median "
+                        "of the rounds' medians (default 3)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)

@@ -197,7 +197,10 @@ def resnet_reference(in_channels: int = 3, dtype=torch.float16, seed: int = 0):
 
 
 def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_channels=3,
-                 systems=RESNET_SYSTEMS, iters=50, progress=print) -> dict:
+                 systems=RESNET_SYSTEMS, iters=50, rounds=3, progress=print) -> dict:
+    """Every system timed `rounds` times, interleaved (system A, B, ..., then again), so
+    that drift in clocks or in the machine affects all of them alike; the reported median
+    is the median of the rounds' medians (each round's median is kept too)."""
     from .fused_resnet import FusedResNet
     from .models import SEResNet9FixUp
     ref = resnet_reference(in_channels, dtype).eval()
@@ -221,11 +224,21 @@ def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_ch
         row = {"n": n, "fused_vs_eager_rel_error": rel, "work": work,
                "fused_kernels_per_forward": len(breakdown), "fused_kernel_us": breakdown,
                "results": {}}
-        for name in systems:
-            progress(f"  N={n}: {name} ...")
-            with torch.no_grad():
-                fn = _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl)
-                row["results"][name] = time_cuda(fn, warmup=5, iters=iters)
+        fns, timings = {}, {name: [] for name in systems}
+        with torch.no_grad():
+            for name in systems:
+                progress(f"  N={n}: {name} (set up) ...")
+                fns[name] = _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl)
+            for r in range(rounds):
+                for name in systems:
+                    progress(f"  N={n}: {name} (round {r + 1}/{rounds}) ...")
+                    timings[name].append(time_cuda(fns[name], warmup=5, iters=iters))
+        for name, ts in timings.items():
+            medians = [t["median_ms"] for t in ts]
+            row["results"][name] = {"median_ms": statistics.median(medians), "round_medians_ms": medians,
+                                    "min_ms": min(t["min_ms"] for t in ts),
+                                    "max_ms": max(t["max_ms"] for t in ts), "iters": iters * rounds}
+        del fns
         fused_ms = min(row["results"][s]["median_ms"] for s in ("FusedResNet", "FusedResNet graph=True")
                        if s in row["results"])
         row["fused_best_ms"] = fused_ms
