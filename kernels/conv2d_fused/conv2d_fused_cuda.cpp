@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/cuda_device.h"
 #include "conv2d_fused/conv2d_fused_dispatch.h"
 #include "conv2d_fused/conv2d_fused_op.h"
 
@@ -25,13 +26,6 @@ at::Tensor as_float_vector(at::Tensor const& t) {
   // The epilogue reads the bias with vector loads of up to 8 floats.
   if (reinterpret_cast<std::uintptr_t>(f.data_ptr()) % 32 != 0) f = f.clone();
   return f;
-}
-
-// cudaDeviceGetAttribute is cheap (cudaGetDeviceProperties is not): fine per call.
-int device_attribute(cudaDeviceAttr attr, int device) {
-  int value = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
 }
 
 }  // namespace
@@ -88,11 +82,10 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
 
   int dev = input.device().index();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
-  int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, dev) +
-           device_attribute(cudaDevAttrComputeCapabilityMinor, dev);
+  int cc = compute_capability(dev);
   ForcedChoice const& forced_choice = forced_choice_slot();
   std::string const& forced = forced_choice.kernel;
-  LaunchResult r = launch(a, cc, device_attribute(cudaDevAttrMultiProcessorCount, dev), stream,
+  LaunchResult r = launch(a, cc, multiprocessor_count(dev), stream,
                           forced.empty() ? nullptr : forced.c_str(), forced_choice.split_k);
   TORCH_CHECK_VALUE(r.kernel != nullptr || forced.empty(), "conv2d_fused: the forced kernel ",
                     forced, " cannot run this problem: ", r.why_not);

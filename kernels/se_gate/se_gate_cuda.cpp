@@ -1,12 +1,12 @@
 // CUDA implementation of cutlass_ops::se_gate (kernel in se_gate_kernel.cu).
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <cstdint>
 
+#include "common/cuda_device.h"
 #include "se_gate/se_gate_kernel.h"
 #include "se_gate/se_gate_op.h"
 
@@ -50,9 +50,8 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
   a.identity_bias = idb.defined() ? idb.data_ptr<float>() : nullptr;
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
-  int dev = h.device().index(), num_sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaError_t err = launch_se_gate(a, se_gate_images_per_cta(a.N, a.H, a.W, a.C, a.R, num_sms),
+  int dev = h.device().index();
+  cudaError_t err = launch_se_gate(a, se_gate_images_per_cta(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev)),
                                    c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
   return {out, pooled};

@@ -3,12 +3,12 @@
 // output channels run the kernel; anything else the ATen composite.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <cstdint>
 
+#include "common/cuda_device.h"
 #include "space_to_depth_conv/space_to_depth_conv_kernel.h"
 #include "space_to_depth_conv/space_to_depth_conv_op.h"
 
@@ -25,11 +25,9 @@ at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& w
   }
   c10::cuda::CUDAGuard guard(input.device());
   DType kernel_dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
-  int dev = input.device().index(), major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   // The kernel indexes output pixels (N * H/4 * W/4) with 32-bit integers.
-  if (!kernel_supports(kernel_dtype, 10 * major + minor, C, K) || shape[0] * shape[2] * shape[3] >= INT32_MAX) {
+  if (!kernel_supports(kernel_dtype, compute_capability(input.device().index()), C, K) ||
+      shape[0] * shape[2] * shape[3] >= INT32_MAX) {
     return space_to_depth_conv_aten(input, weight, post_bias, relu);
   }
   auto out = at::empty(shape, input.options().memory_format(at::MemoryFormat::ChannelsLast));
