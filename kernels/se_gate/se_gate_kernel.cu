@@ -54,17 +54,16 @@ __device__ void store8(T* p, float const (&v)[kVec]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
-// One CTA per `images_per_cta` consecutive images (more than one when there are plenty of
+// One CTA per kImages consecutive images (more than one when there are plenty of
 // CTAs: the excite weights are then read once per group, not once per image).
 template <typename T, int kImages>
 __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
-  constexpr int images_per_cta = kImages;
   extern __shared__ float smem[];
-  int const n0 = blockIdx.x * images_per_cta;
-  int const images = min(images_per_cta, a.N - n0);  // the last CTA may have fewer
-  float* gate = smem;                               // [images][C]: channel sums, then the gate
-  float* hidden = smem + images_per_cta * a.C;      // [images][R]
-  float* partial = hidden + images_per_cta * a.R;   // [kThreads][kVec]
+  int const n0 = blockIdx.x * kImages;
+  int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
+  float* gate = smem;                       // [images][C]: channel sums, then the gate
+  float* hidden = smem + kImages * a.C;     // [images][R]
+  float* partial = hidden + kImages * a.R;  // [kThreads][kVec]
   int const tid = threadIdx.x;
   int const HW = a.H * a.W;
   size_t const base = size_t(n0) * HW * a.C;
@@ -191,7 +190,17 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
 }
 
 template <int kImages>
-cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream);
+cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream) {
+  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages);
+  unsigned grid = static_cast<unsigned>((a.N + kImages - 1) / kImages);
+  auto kernel = a.dtype == DType::kF16 ? se_gate_kernel<__half, kImages> : se_gate_kernel<__nv_bfloat16, kImages>;
+  if (smem > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
 
 }  // namespace
 
@@ -213,21 +222,6 @@ int se_gate_images_per_cta(int N, int H, int W, int C, int R, int num_sms) {
   }
   return images;
 }
-
-namespace {
-template <int kImages>
-cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream) {
-  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages);
-  unsigned grid = static_cast<unsigned>((a.N + kImages - 1) / kImages);
-  auto kernel = a.dtype == DType::kF16 ? se_gate_kernel<__half, kImages> : se_gate_kernel<__nv_bfloat16, kImages>;
-  if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<grid, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
-}
-}  // namespace
 
 cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream) {
   switch (images_per_cta) {

@@ -65,6 +65,10 @@ def _grad_errors(dtype, device):
     return {name: (errors(got[name], w)[0], errors(eager[name], w)[0]) for name, w in want.items()}
 
 
+def _rms(values) -> float:
+    return (sum(v * v for v in values) / len(values)) ** 0.5
+
+
 def _check_grads(dtype, device, bound):
     """float64: every gradient within `bound`.  fp16/bf16: rounding the activations to 16
     bits leaves some gradients (sums with heavy cancellation, e.g. the FixUp biases) off by
@@ -77,13 +81,12 @@ def _check_grads(dtype, device, bound):
     for name, (fused, eager) in errs.items():
         print(f"  {name:40s} {fused:9.2e} {eager:9.2e}")
     fused, eager = [e[0] for e in errs.values()], [e[1] for e in errs.values()]
-    rms = lambda v: (sum(x * x for x in v) / len(v)) ** 0.5  # noqa: E731
     print(f"over {bound:g}: fused {sum(e > bound for e in fused)}, eager {sum(e > bound for e in eager)} "
-          f"of {len(errs)}; RMS fused {rms(fused):.3g}, eager {rms(eager):.3g}")
+          f"of {len(errs)}; RMS fused {_rms(fused):.3g}, eager {_rms(eager):.3g}")
     if dtype == torch.float64:
         assert max(fused) <= bound, errs
     else:
-        assert rms(fused) <= 1.25 * rms(eager), (rms(fused), rms(eager))
+        assert _rms(fused) <= 1.25 * _rms(eager), (_rms(fused), _rms(eager))
         worst = max(errs, key=lambda n: errs[n][0])
         assert errs[worst][0] <= 10 * bound, f"{worst}: {errs[worst]}"
 
@@ -176,9 +179,8 @@ def test_autocast_casts_like_pytorch_and_keeps_float32_gradients(device, dtype):
     assert out.dtype == dtype
     assert errors(out, r64(x.double()))[0] < 2e-2
     assert all(got[n].dtype == torch.float32 for n in got if n != "input")
-    rms = lambda errs: (sum(e * e for e in errs) / len(errs)) ** 0.5  # noqa: E731
-    fused_rms = rms([errors(got[n], w)[0] for n, w in want.items()])
-    eager_rms = rms([errors(eager[n], w)[0] for n, w in want.items()])
+    fused_rms = _rms([errors(got[n], w)[0] for n, w in want.items()])
+    eager_rms = _rms([errors(eager[n], w)[0] for n, w in want.items()])
     assert fused_rms <= 1.25 * eager_rms, (fused_rms, eager_rms)
 
 
