@@ -8,7 +8,9 @@ the forward differs.  Per forward (16 kernels):
   per block conv1  conv2d_fused 3x3:    relu(acc + b1b) + b2a     (= conv2's padded input)
             downsample (blocks 1-3):    conv2d_fused 1x1 on the pooled map the previous
                                         block's se_gate wrote (AvgPool2d(3, 2, 1) fused there)
-            conv2  conv2d_fused 3x3:    acc * scale + b2b
+            conv2  conv2d_fused 3x3:    acc * scale + b2b; on maps smaller than 3x3 (block 3's
+                                        2x2) as a 1x1 conv over the flattened map with a
+                                        cached dense weight (4/9 of the implicit GEMM's work)
             se_gate (one CTA/image):    squeeze, excite MLP, h*g + identity, ReLU,
                                         + the next block's fixup_bias1a, + its avgpool
 
@@ -23,6 +25,27 @@ from torch import nn
 
 from .models import SEFixupBasicBlock, SEResNet9FixUp
 from .ops import conv2d_fused, se_gate, space_to_depth_conv
+
+
+def dense_conv_weight(weight: torch.Tensor, height: int, width: int, padding: int) -> torch.Tensor:
+    """The stride-1 conv of ``weight`` (K, C, R, S) on an H x W map as a dense matrix.
+
+    Returns (P*Q*K, H*W*C, 1, 1) channels_last with entry [(p, q, k), (y, x, c)] =
+    weight[k, c, y - p + padding, x - q + padding] (zero outside the kernel), so that a 1x1
+    conv of the map flattened to (N, H*W*C, 1, 1) gives the conv's output flattened the
+    same way.  Worth it only for maps smaller than the kernel footprint (H*W < R*S).
+    """
+    k, c, r, s = weight.shape
+    p, q = height + 2 * padding - r + 1, width + 2 * padding - s + 1
+    dense = weight.new_zeros(p, q, k, height, width, c)
+    for op in range(p):
+        for oq in range(q):
+            for y in range(height):
+                for x in range(width):
+                    tr, ts = y - op + padding, x - oq + padding
+                    if 0 <= tr < r and 0 <= ts < s:
+                        dense[op, oq, :, y, x, :] = weight[:, :, tr, ts]
+    return dense.reshape(p * q * k, height * width * c, 1, 1).contiguous(memory_format=torch.channels_last)
 
 
 class FusedResNet(SEResNet9FixUp):
@@ -164,8 +187,11 @@ class FusedResNet(SEResNet9FixUp):
             stride = blk.conv1.stride[0]
             h = conv(f"layers.{i}.conv1", xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None,
                      stride, 1, None, blk.fixup_bias2a, relu=True)
-            h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, blk.fixup_bias2b.view(()), None, 1, 1,
-                     blk.fixup_scale, None, relu=False)
+            if self._conv2_as_dense(blk, h, autocast_dtype):
+                h = self._dense_conv2(i, blk, h, conv, report)
+            else:
+                h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, blk.fixup_bias2b.view(()), None,
+                         1, 1, blk.fixup_scale, None, relu=False)
             if blk.downsample is None:
                 identity, identity_bias = xa, neg_b1a0
             else:
@@ -179,6 +205,36 @@ class FusedResNet(SEResNet9FixUp):
                              nxt.fixup_bias1a if nxt is not None else None, avgpool=pool_next)
             xa, pooled = result if pool_next else (result, None)
         return xa
+
+    @staticmethod
+    def _conv2_as_dense(blk: SEFixupBasicBlock, h: torch.Tensor, autocast_dtype) -> bool:
+        """Whether conv2 is cheaper as a dense layer over the whole feature map.
+
+        A 3x3 pad-1 conv on a map of H*W < 9 pixels spends most of its implicit GEMM on
+        padding zeros (at 2x2, 5 of every 9 taps); as one GEMM over the flattened map it does
+        H*W/9 of that work.  Inference only: the dense weight is derived from conv2.weight
+        and cached, which training's gradient would bypass.
+        """
+        w = blk.conv2.weight
+        needs_grad = torch.is_grad_enabled() and (w.requires_grad or h.requires_grad)
+        return (not needs_grad and autocast_dtype is None
+                and h.shape[2] * h.shape[3] < w.shape[2] * w.shape[3])
+
+    def _dense_conv2(self, i: int, blk: SEFixupBasicBlock, h: torch.Tensor, conv, report) -> torch.Tensor:
+        # (N, C, H, W) channels_last is (N, H*W*C) row-major: a 1x1 conv over one "pixel"
+        # of H*W*C channels, whose output channel (p, q, k) is (N, K, P, Q) channels_last.
+        n, c, height, width = h.shape
+        weight = self._cached(f"layers.{i}.conv2.dense{height}x{width}", blk.conv2.weight,
+                              lambda w: dense_conv_weight(w, height, width, padding=1))
+        flat = h.permute(0, 2, 3, 1).reshape(n, 1, 1, height * width * c).permute(0, 3, 1, 2)
+        y = conv(f"layers.{i}.conv2", flat, weight, blk.fixup_bias2b.view(()), None, 1, 0,
+                 blk.fixup_scale, None, relu=False)
+        k = blk.conv2.weight.shape[0]
+        y = y.permute(0, 2, 3, 1).reshape(n, height, width, k).permute(0, 3, 1, 2)
+        if report is not None:
+            name, _, kernel = report[-1]
+            report[-1] = (name, tuple(y.shape), f"{kernel} (as dense 1x1 conv, {flat.shape[1]}->{weight.shape[0]})")
+        return y
 
     def _graphed(self, x: torch.Tensor) -> torch.Tensor:
         # Host time here is on the critical path of small batches (the GPU waits for the

@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 namespace cutlass_ops {
 
 inline int device_attribute(cudaDeviceAttr attr, int device) {
@@ -17,6 +19,14 @@ inline int device_attribute(cudaDeviceAttr attr, int device) {
 inline int compute_capability(int device) {
   return 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, device) +
          device_attribute(cudaDevAttrComputeCapabilityMinor, device);
+}
+
+// Whether our kernels launch as programmatic dependents of the previous kernel
+// (common/programmatic_launch.cuh): on sm90+, unless CUTLASS_OPS_PDL=0 (to compare).
+inline bool programmatic_launch_allowed(int device) {
+  char const* env = std::getenv("CUTLASS_OPS_PDL");
+  if (env != nullptr && env[0] == '0') return false;
+  return compute_capability(device) >= 90;
 }
 
 inline int multiprocessor_count(int device) {

@@ -31,6 +31,9 @@ struct Conv2dFusedArgs {
   int split_k_slices = 1;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Launch as a programmatic dependent of the previous kernel (sm90+, see
+  // common/programmatic_launch.cuh); the caller decides.
+  bool programmatic_launch = false;
 };
 
 }  // namespace conv2d_fused

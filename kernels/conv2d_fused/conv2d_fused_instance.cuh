@@ -10,6 +10,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/numeric_types.h"
 
+#include "common/programmatic_launch.cuh"
 #include "conv2d_fused/conv2d_fused_args.h"
 #include "conv2d_fused/conv2d_fused_epilogue.h"
 
@@ -50,19 +51,41 @@ typename cutlass::conv::device::ImplicitGemmConvolution<Kernel>::Arguments make_
                                   /*ldr: same bias row for every output row*/ 0, /*ldt*/ 0);
 }
 
+// cutlass::Kernel<Kernel> (device_kernel.h) with the programmatic-launch wait in front.
+template <typename Kernel>
+__global__ void conv2d_fused_kernel(typename Kernel::Params params) {
+  wait_for_previous_grid();
+  extern __shared__ int shared_storage_base[];
+  Kernel op;
+  op(params, *reinterpret_cast<typename Kernel::SharedStorage*>(shared_storage_base));
+}
+
 // Runs the kernel; returns kErrorMisalignedOperand etc. from can_implement() untouched,
-// so the dispatcher can try the next entry.
+// so the dispatcher can try the next entry.  What ImplicitGemmConvolution's initialize()
+// and run() do, but launched through launch_kernel() (programmatic dependent launch).
 template <typename Kernel>
 cutlass::Status run_instance(Conv2dFusedArgs const& a, cudaStream_t stream) {
   using Conv = cutlass::conv::device::ImplicitGemmConvolution<Kernel>;
   auto arguments = make_arguments<Kernel>(a);
   cutlass::Status status = Conv::can_implement(arguments);
   if (status != cutlass::Status::kSuccess) return status;
-  if (Conv::get_workspace_size(arguments) > a.workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
-  Conv op;
-  status = op.initialize(arguments, a.workspace, stream);
-  if (status != cutlass::Status::kSuccess) return status;
-  return op(stream);
+  size_t workspace_bytes = Conv::get_workspace_size(arguments);
+  if (workspace_bytes > a.workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
+  if (a.split_k_slices > 1 && cudaMemsetAsync(a.workspace, 0, workspace_bytes, stream) != cudaSuccess) {
+    return cutlass::Status::kErrorInternal;  // the split-K semaphores start at zero
+  }
+  typename Kernel::Params params(arguments, static_cast<int*>(a.workspace));
+  int smem = int(sizeof(typename Kernel::SharedStorage));
+  if (smem >= (48 << 10) &&
+      cudaFuncSetAttribute(conv2d_fused_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           smem) != cudaSuccess) {
+    return cutlass::Status::kErrorInternal;
+  }
+  dim3 grid = typename Conv::ThreadblockSwizzle().get_grid_shape(params.grid_tiled_shape);
+  dim3 block(32 * Conv::kWarpCount, 1, 1);
+  cudaError_t err = launch_kernel<conv2d_fused_kernel<Kernel>>(grid, block, smem, stream,
+                                                               a.programmatic_launch, params);
+  return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
 }
 
 }  // namespace conv2d_fused

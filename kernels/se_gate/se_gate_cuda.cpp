@@ -51,8 +51,11 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   a.identity_bias = idb.defined() ? idb.data_ptr<float>() : nullptr;
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
   int dev = h.device().index();
-  cudaError_t err = launch_se_gate(a, se_gate_images_per_cta(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev)),
-                                   c10::cuda::getCurrentCUDAStream(dev).stream());
+  SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
+                                    device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  a.stage_w2 = shape.stage_w2;
+  a.programmatic_launch = programmatic_launch_allowed(dev);
+  cudaError_t err = launch_se_gate(a, shape.images_per_cta, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
   return {out, pooled};
 }

@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/programmatic_launch.cuh"
+
 namespace cutlass_ops {
 namespace se_gate {
 
@@ -54,22 +56,48 @@ __device__ void store8(T* p, float const (&v)[kVec]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// Shared memory, in floats: the squeeze partials first (16-byte vector stores), then the
+// per-image channel sums / gates, the hidden units, and optionally W2 transposed.
+struct SmemLayout {
+  int partial, gate, hidden, w2t, total;
+  __host__ __device__ SmemLayout(int C, int R, int images, bool stage_w2) {
+    partial = 0;
+    gate = partial + kThreads * kVec;
+    hidden = gate + images * C;
+    w2t = hidden + images * R;
+    total = w2t + (stage_w2 ? R * (C + 1) : 0);
+  }
+};
+
 // One CTA per kImages consecutive images (more than one when there are plenty of
 // CTAs: the excite weights are then read once per group, not once per image).
 template <typename T, int kImages>
 __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
+  wait_for_previous_grid();
   extern __shared__ float smem[];
+  SmemLayout const layout(a.C, a.R, kImages, a.stage_w2);
   int const n0 = blockIdx.x * kImages;
   int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
-  float* gate = smem;                       // [images][C]: channel sums, then the gate
-  float* hidden = smem + kImages * a.C;     // [images][R]
-  float* partial = hidden + kImages * a.R;  // [kThreads][kVec]
+  float* partial = smem + layout.partial;     // [kThreads][kVec]
+  float* gate = smem + layout.gate;           // [images][C]: channel sums, then the gate
+  float* hidden = smem + layout.hidden;       // [images][R]
+  float* w2t = smem + layout.w2t;             // [R][C + 1] when a.stage_w2
   int const tid = threadIdx.x;
   int const HW = a.H * a.W;
   size_t const base = size_t(n0) * HW * a.C;
   T const* h = static_cast<T const*>(a.h) + base;
   T const* idn = static_cast<T const*>(a.identity) + base;
   T* out = static_cast<T*>(a.out) + base;
+
+  // W2 (C, R) transposed into shared memory, with coalesced loads now (they overlap the
+  // squeeze's): read row-wise from global memory, thread-per-channel fc2 below touches a
+  // different 128-byte line per lane, 32 L1 wavefronts per load.  The row pitch C + 1
+  // keeps both the stores here and fc2's loads free of bank conflicts.
+  if (a.stage_w2) {
+    int const CR = a.C * a.R;
+#pragma unroll 8
+    for (int i = tid; i < CR; i += kThreads) w2t[(i % a.R) * (a.C + 1) + i / a.R] = a.w2[i];
+  }
 
   // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
   // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
@@ -88,8 +116,9 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
         for (int j = 0; j < kVec; ++j) acc[j] += v[j];
       }
     }
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) partial[tid * kVec + j] = acc[j];
+    auto* mine = reinterpret_cast<float4*>(partial + tid * kVec);
+    mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
     __syncthreads();
     for (int c = tid; c < a.C; c += kThreads) {
       float s = 0.f;
@@ -99,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
     __syncthreads();
   }
 
-  // Excite, first Linear + ReLU: one warp per hidden unit, lanes over channels; each W1
-  // element is loaded once for all of the CTA's images.
+  // Excite, first Linear + ReLU: one warp per hidden unit, lanes over channels (coalesced
+  // W1 rows); each W1 element is loaded once for all of the CTA's images.
   float const inv_hw = 1.f / HW;
   int const warp = tid / 32, lane = tid % 32;
   for (int r = warp; r < a.R; r += kThreads / 32) {
@@ -122,19 +151,28 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   }
   __syncthreads();  // hidden is complete, and every read of the sums is done
 
-  // Second Linear + sigmoid: one thread per channel.  Its loads of a W2 row are
-  // independent, so unrolling keeps several in flight (latency, not bandwidth, limits this
-  // phase: W2 is small and L2-resident); each is used for all of the CTA's images.  The
-  // gate overwrites the sums.
+  // Second Linear + sigmoid: one thread per channel, each W2 element used for all of the
+  // CTA's images, from the staged transpose when it fits (else from global memory, where
+  // unrolling keeps several loads in flight).  The gate overwrites the sums.
   for (int c = tid; c < a.C; c += kThreads) {
-    float const* row = a.w2 + size_t(c) * a.R;
     float dot[kImages] = {};
+    if (a.stage_w2) {
 #pragma unroll 8
-    for (int r = 0; r < a.R; ++r) {
-      float w = row[r];
+      for (int r = 0; r < a.R; ++r) {
+        float w = w2t[r * (a.C + 1) + c];
 #pragma unroll
-      for (int i = 0; i < kImages; ++i)
-        if (i < images) dot[i] += w * hidden[i * a.R + r];
+        for (int i = 0; i < kImages; ++i)
+          if (i < images) dot[i] += w * hidden[i * a.R + r];
+      }
+    } else {
+      float const* row = a.w2 + size_t(c) * a.R;
+#pragma unroll 8
+      for (int r = 0; r < a.R; ++r) {
+        float w = row[r];
+#pragma unroll
+        for (int i = 0; i < kImages; ++i)
+          if (i < images) dot[i] += w * hidden[i * a.R + r];
+      }
     }
 #pragma unroll
     for (int i = 0; i < kImages; ++i)
@@ -152,10 +190,13 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
     float hv[kVec], iv[kVec], o[kVec];
     load8(h + size_t(i) * kVec, hv);
     load8(idn + size_t(i) * kVec, iv);
-    float const* gi = gate + img * a.C + c0;
+    // Two 16-byte shared loads instead of eight 4-byte ones (8-way bank conflicts).
+    float4 const* gi = reinterpret_cast<float4 const*>(gate + img * a.C + c0);
+    float4 const g0 = gi[0], g1 = gi[1];
+    float const gv[kVec] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float v = hv[j] * gi[j] + iv[j] + idn_bias;
+      float v = hv[j] * gv[j] + iv[j] + idn_bias;
       o[j] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
     }
     store8(out + size_t(i) * kVec, o);
@@ -189,46 +230,55 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   }
 }
 
-template <int kImages>
+template <typename T, int kImages>
 cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream) {
-  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages);
+  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages, a.stage_w2);
   unsigned grid = static_cast<unsigned>((a.N + kImages - 1) / kImages);
-  auto kernel = a.dtype == DType::kF16 ? se_gate_kernel<__half, kImages> : se_gate_kernel<__nv_bfloat16, kImages>;
   if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    cudaError_t err = cudaFuncSetAttribute(se_gate_kernel<T, kImages>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel<se_gate_kernel<T, kImages>>(grid, kThreads, smem, stream,
+                                                   a.programmatic_launch, a);
+}
+
+template <int kImages>
+cudaError_t launch_images(SeGateArgs const& a, cudaStream_t stream) {
+  return a.dtype == DType::kF16 ? launch_typed<__half, kImages>(a, stream)
+                                : launch_typed<__nv_bfloat16, kImages>(a, stream);
 }
 
 }  // namespace
 
-size_t se_gate_smem_bytes(int C, int R, int images_per_cta) {
-  return sizeof(float) * (images_per_cta * (C + R) + kThreads * kVec);
+size_t se_gate_smem_bytes(int C, int R, int images_per_cta, bool stage_w2) {
+  return sizeof(float) * SmemLayout(C, R, images_per_cta, stage_w2).total;
 }
 
 int se_gate_max_channels() { return kThreads * kVec; }
 
-int se_gate_images_per_cta(int N, int H, int W, int C, int R, int num_sms) {
+SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes) {
+  SeGateShape shape;
+  shape.stage_w2 = se_gate_smem_bytes(C, R, 1, true) <= max_smem_bytes;
   // Group images while a group has fewer 8-channel vectors than two per thread (few
   // pixels, many channels: reading the excite weights then dominates), while at least
-  // two CTAs per SM remain and shared memory stays small.
+  // two CTAs per SM remain and shared memory allows.
   int const vectors_per_image = H * W * C / kVec;
-  int images = 1;
+  int& images = shape.images_per_cta;
   while (images < kMaxImagesPerCta && images * vectors_per_image < 2 * kThreads &&
-         N / (2 * images) >= 2 * num_sms && se_gate_smem_bytes(C, R, 2 * images) <= 64 * 1024) {
+         N / (2 * images) >= 2 * num_sms &&
+         se_gate_smem_bytes(C, R, 2 * images, shape.stage_w2) <= max_smem_bytes) {
     images *= 2;
   }
-  return images;
+  return shape;
 }
 
 cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream) {
   switch (images_per_cta) {
-    case 1: return launch_typed<1>(a, stream);
-    case 2: return launch_typed<2>(a, stream);
-    case 4: return launch_typed<4>(a, stream);
-    case 8: return launch_typed<8>(a, stream);
+    case 1: return launch_images<1>(a, stream);
+    case 2: return launch_images<2>(a, stream);
+    case 4: return launch_images<4>(a, stream);
+    case 8: return launch_images<8>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }

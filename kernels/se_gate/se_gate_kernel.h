@@ -28,20 +28,29 @@ struct SeGateArgs {
   float const* w2; float const* b2;  // (C, R), (C)
   float const* identity_bias;        // device scalar or null
   float const* post_bias;            // device scalar or null
+  bool stage_w2;                     // W2 transposed into shared memory (SeGateShape)
+  bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
 // Shared memory the kernel needs (bytes).
-size_t se_gate_smem_bytes(int C, int R, int images_per_cta);
+size_t se_gate_smem_bytes(int C, int R, int images_per_cta, bool stage_w2);
 
-// Images per CTA (1, 2, 4 or 8) for N images of H x W x C on a GPU with `num_sms` SMs:
-// more than 1 for small images when there are CTAs enough to fill the GPU twice over.
-int se_gate_images_per_cta(int N, int H, int W, int C, int R, int num_sms);
+struct SeGateShape {
+  int images_per_cta = 1;  // 1, 2, 4 or 8
+  bool stage_w2 = false;
+};
+
+// How to launch N images of H x W x C on a GPU with `num_sms` SMs and `max_smem_bytes` of
+// shared memory per block: W2 staged in shared memory when it fits, and more than one
+// image per CTA for small images when there are CTAs enough to fill the GPU twice over.
+SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes);
 
 // Largest C the kernel takes (one thread per 8 channels of a pixel).
 int se_gate_max_channels();
 
 // Requirements: C % 8 == 0, C <= se_gate_max_channels() and 16-byte aligned h/identity/out (the op checks and falls
 // back to ATen otherwise).  Returns the launch's cudaError.
+// a.stage_w2 and images_per_cta as se_gate_shape() said.
 cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream);
 
 }  // namespace se_gate

@@ -47,6 +47,7 @@ at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& w
   a.output = out.data_ptr();
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
   a.relu = relu;
+  a.programmatic_launch = programmatic_launch_allowed(input.device().index());
   cudaError_t err = launch_space_to_depth_conv(a, c10::cuda::getCurrentCUDAStream(input.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "space_to_depth_conv: kernel launch failed: ", cudaGetErrorString(err));
   return out;

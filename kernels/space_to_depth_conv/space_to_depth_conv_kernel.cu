@@ -6,6 +6,8 @@
 
 #include <type_traits>
 
+#include "common/programmatic_launch.cuh"
+
 namespace cutlass_ops {
 namespace space_to_depth_conv {
 
@@ -143,6 +145,7 @@ __global__ void __launch_bounds__(kThreads) space_to_depth_conv_kernel(SpaceToDe
   } else
 #endif
   {
+    wait_for_previous_grid();
     conv_tile<T, kTilesN>(a, s);
   }
 }
@@ -158,8 +161,8 @@ cudaError_t launch_typed(SpaceToDepthConvArgs const& a, cudaStream_t stream) {
   }
   int M = a.N * (a.H / kBlock) * (a.W / kBlock);
   unsigned grid = static_cast<unsigned>((M + kPixels - 1) / kPixels);
-  kernel<<<grid, kThreads, s.total(), stream>>>(a, s);
-  return cudaGetLastError();
+  return launch_kernel<space_to_depth_conv_kernel<T, kTilesN>>(grid, kThreads, s.total(), stream,
+                                                               a.programmatic_launch, a, s);
 }
 
 template <typename T>

@@ -24,6 +24,7 @@ struct SpaceToDepthConvArgs {
   void* output;                // NHWC: (N, H/4, W/4, K) contiguous
   float const* post_bias;      // device scalar or null
   bool relu;
+  bool programmatic_launch;    // see common/programmatic_launch.cuh
 };
 
 // Whether the kernel runs this case on a GPU of compute capability `cc` (e.g. 90): C in

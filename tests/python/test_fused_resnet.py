@@ -1,8 +1,10 @@
 """FusedResNet (SE-ResNet9-FixUp) against the reference module run in float64."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cutlass_ops
+from cutlass_ops.fused_resnet import dense_conv_weight
 from cutlass_ops.models import SEResNet9FixUp
 from _helpers import HAS_CUDA, errors
 
@@ -120,7 +122,31 @@ def test_kernel_report_names_every_conv():
     report = fused.kernel_report(torch.randn(2, 3, 64, 64))
     assert [r[0] for r in report] == ["stem", "layers.0.conv1", "layers.0.conv2"] + [
         f"layers.{i}.{c}" for i in (1, 2, 3) for c in ("conv1", "conv2", "downsample")]
-    assert report[-1][1] == (2, 512, 2, 2) and all(r[2] == "aten" for r in report)  # CPU
+    assert report[-1][1] == (2, 512, 2, 2) and all(r[2].startswith("aten") for r in report)  # CPU
+    assert [r[0] for r in report if "dense" in r[2]] == ["layers.3.conv2"]  # its map is 2x2
+
+
+@pytest.mark.parametrize("height,width", [(2, 2), (1, 1), (2, 3), (1, 2), (3, 3)])
+def test_dense_conv_weight_is_the_conv(height, width):
+    g = torch.Generator().manual_seed(height * 10 + width)
+    w = torch.randn(7, 5, 3, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(3, 5, height, width, generator=g, dtype=torch.float64)
+    dense = dense_conv_weight(w, height, width, padding=1)
+    assert dense.shape == (height * width * 7, height * width * 5, 1, 1)
+    flat = x.permute(0, 2, 3, 1).reshape(3, -1) @ dense.reshape(dense.shape[0], -1).T
+    got = flat.reshape(3, height, width, 7).permute(0, 3, 1, 2)
+    torch.testing.assert_close(got, F.conv2d(x, w, padding=1), rtol=1e-12, atol=1e-12)
+
+
+def test_small_input_takes_dense_conv2_paths():
+    # 32x32 input: block 2's map is 2x2 and block 3's 1x1, both run as dense layers.
+    g = torch.Generator().manual_seed(5)
+    ref, fused = make_pair(3, torch.float64, "cpu", g)
+    x = torch.randn(3, 3, 32, 32, generator=g, dtype=torch.float64)
+    report = fused.kernel_report(x)
+    assert [r[0] for r in report if "dense" in r[2]] == ["layers.2.conv2", "layers.3.conv2"]
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), ref(x), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
