@@ -27,6 +27,13 @@ from .models import SEFixupBasicBlock, SEResNet9FixUp
 from .ops import conv2d_fused, se_gate, space_to_depth_conv
 
 
+def conv2_runs_dense(height: int, width: int, kernel_h: int = 3, kernel_w: int = 3) -> bool:
+    """Whether FusedResNet runs a stride-1 conv2 on an H x W map as a dense layer (inference):
+    on maps smaller than the kernel footprint most of the implicit GEMM multiplies padding
+    zeros (at 2x2 with 3x3, 5 of every 9 taps); the dense GEMM does H*W/(R*S) of that work."""
+    return height * width < kernel_h * kernel_w
+
+
 def dense_conv_weight(weight: torch.Tensor, height: int, width: int, padding: int) -> torch.Tensor:
     """The stride-1 conv of ``weight`` (K, C, R, S) on an H x W map as a dense matrix.
 
@@ -208,17 +215,12 @@ class FusedResNet(SEResNet9FixUp):
 
     @staticmethod
     def _conv2_as_dense(blk: SEFixupBasicBlock, h: torch.Tensor, autocast_dtype) -> bool:
-        """Whether conv2 is cheaper as a dense layer over the whole feature map.
-
-        A 3x3 pad-1 conv on a map of H*W < 9 pixels spends most of its implicit GEMM on
-        padding zeros (at 2x2, 5 of every 9 taps); as one GEMM over the flattened map it does
-        H*W/9 of that work.  Inference only: the dense weight is derived from conv2.weight
-        and cached, which training's gradient would bypass.
-        """
+        """conv2_runs_dense, for inference only: the dense weight is derived from
+        conv2.weight and cached, which training's gradient would bypass."""
         w = blk.conv2.weight
         needs_grad = torch.is_grad_enabled() and (w.requires_grad or h.requires_grad)
         return (not needs_grad and autocast_dtype is None
-                and h.shape[2] * h.shape[3] < w.shape[2] * w.shape[3])
+                and conv2_runs_dense(h.shape[2], h.shape[3], w.shape[2], w.shape[3]))
 
     def _dense_conv2(self, i: int, blk: SEFixupBasicBlock, h: torch.Tensor, conv, report) -> torch.Tensor:
         # (N, C, H, W) channels_last is (N, H*W*C) row-major: a 1x1 conv over one "pixel"

@@ -38,7 +38,9 @@ def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
     """Every distinct conv FusedResNet runs (stem, conv1, conv2, downsample per block), per
     batch size (block 0's conv1 and conv2 are one problem).  FusedResNet's convs differ
     from the reference module's (the stem is a 1x1 conv on the space-to-depth input, the
-    downsample a 1x1 conv on the pooled map), so they are listed here, not hooked."""
+    downsample a 1x1 conv on the pooled map, block 3's conv2 a dense layer), so they are
+    listed here, not hooked."""
+    from .fused_resnet import conv2_runs_dense
     from .models import SEResNet9FixUp
     model = SEResNet9FixUp(in_channels)
     problems = []
@@ -51,6 +53,9 @@ def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
             out = hw // st
             problems.append(dict(n=n, h=hw, w=hw, c=c, k=k, r=3, s=3, pad=1, stride=st))
             problems.append(dict(n=n, h=out, w=out, c=k, k=k, r=3, s=3, pad=1, stride=1))
+            if conv2_runs_dense(out, out):  # inference runs it as a 1x1 conv on one "pixel"
+                problems.append(dict(n=n, h=1, w=1, c=out * out * k, k=out * out * k, r=1, s=1,
+                                     pad=0, stride=1))
             if blk.downsample is not None:  # 1x1 on the pooled input
                 problems.append(dict(n=n, h=out, w=out, c=c, k=k, r=1, s=1, pad=0, stride=1))
             hw = out

@@ -15,7 +15,11 @@ namespace se_gate {
 
 namespace {
 bool aligned16(at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
-at::Tensor as_float(at::Tensor const& t) { return t.to(at::kFloat).contiguous(); }
+// float32, contiguous, 16-byte aligned (the kernel reads the weights as float4).
+at::Tensor as_float(at::Tensor const& t) {
+  at::Tensor f = t.to(at::kFloat).contiguous();
+  return aligned16(f) ? f : f.clone();
+}
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> se_gate_cuda(

@@ -93,7 +93,19 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
   // squeeze's): read row-wise from global memory, thread-per-channel fc2 below touches a
   // different 128-byte line per lane, 32 L1 wavefronts per load.  The row pitch C + 1
   // keeps both the stores here and fc2's loads free of bank conflicts.
-  if (a.stage_w2) {
+  if (a.stage_w2 && a.R % 4 == 0) {
+    int const CR4 = a.C * a.R / 4;
+    auto const* w2v = reinterpret_cast<float4 const*>(a.w2);  // 16-byte aligned (the op checks)
+#pragma unroll 4
+    for (int i = tid; i < CR4; i += kThreads) {
+      float4 const w = w2v[i];
+      float* dst = w2t + (4 * i % a.R) * (a.C + 1) + 4 * i / a.R;
+      dst[0] = w.x;
+      dst[a.C + 1] = w.y;
+      dst[2 * (a.C + 1)] = w.z;
+      dst[3 * (a.C + 1)] = w.w;
+    }
+  } else if (a.stage_w2) {
     int const CR = a.C * a.R;
 #pragma unroll 8
     for (int i = tid; i < CR; i += kThreads) w2t[(i % a.R) * (a.C + 1) + i / a.R] = a.w2[i];
@@ -128,25 +140,38 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
     __syncthreads();
   }
 
-  // Excite, first Linear + ReLU: one warp per hidden unit, lanes over channels (coalesced
-  // W1 rows); each W1 element is loaded once for all of the CTA's images.
+  // Excite, first Linear + ReLU.  A group of `lanes` threads per hidden unit (a power of
+  // two <= 32: as many as kThreads / R allows), each over every lanes-th float4 of the W1
+  // row: coalesced 16-byte loads, all in flight at once, then a shuffle reduction.  Each W1
+  // element is loaded once for all of the CTA's images.
   float const inv_hw = 1.f / HW;
-  int const warp = tid / 32, lane = tid % 32;
-  for (int r = warp; r < a.R; r += kThreads / 32) {
+  int lanes = 32;
+  while (lanes > 1 && lanes * a.R > kThreads) lanes /= 2;
+  int const sub = tid % lanes, unit = tid / lanes, units_per_pass = kThreads / lanes;
+  int const C4 = a.C / 4;
+  auto const* w1v = reinterpret_cast<float4 const*>(a.w1);  // 16-byte aligned (the op checks)
+  for (int base = 0; base < a.R; base += units_per_pass) {  // same trip count in every warp
+    int const r = base + unit;
     float dot[kImages] = {};
-#pragma unroll 4
-    for (int c = lane; c < a.C; c += 32) {
-      float w = a.w1[size_t(r) * a.C + c];
+    if (r < a.R) {
+#pragma unroll 8
+      for (int c4 = sub; c4 < C4; c4 += lanes) {
+        float4 const w = w1v[size_t(r) * C4 + c4];
 #pragma unroll
-      for (int i = 0; i < kImages; ++i)
-        if (i < images) dot[i] += w * gate[i * a.C + c];
+        for (int i = 0; i < kImages; ++i) {
+          if (i < images) {
+            float4 const s = reinterpret_cast<float4 const*>(gate + i * a.C)[c4];
+            dot[i] += w.x * s.x + w.y * s.y + w.z * s.z + w.w * s.w;
+          }
+        }
+      }
     }
 #pragma unroll
     for (int i = 0; i < kImages; ++i) {
       if (i >= images) break;
       float d = dot[i];
-      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      if (lane == 0) hidden[i * a.R + r] = fmaxf(d * inv_hw + a.b1[r], 0.f);
+      for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      if (sub == 0 && r < a.R) hidden[i * a.R + r] = fmaxf(d * inv_hw + a.b1[r], 0.f);
     }
   }
   __syncthreads();  // hidden is complete, and every read of the sums is done

@@ -24,8 +24,8 @@ struct SeGateArgs {
   void const* identity;
   void* out;
   void* pooled;                      // [N, (H+1)/2, (W+1)/2, C], or null: no pooling
-  float const* w1; float const* b1;  // (R, C), (R)
-  float const* w2; float const* b2;  // (C, R), (C)
+  float const* w1; float const* b1;  // (R, C), (R); W1 16-byte aligned
+  float const* w2; float const* b2;  // (C, R), (C); W2 16-byte aligned
   float const* identity_bias;        // device scalar or null
   float const* post_bias;            // device scalar or null
   bool stage_w2;                     // W2 transposed into shared memory (SeGateShape)

@@ -81,12 +81,14 @@ def test_fused_resnet_cpu(in_channels, n, dtype):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_graph_mode_matches_and_follows_weight_updates():
     fused, x, out = _check(3, 16, torch.float16, "cuda", graph=True)
-    eager = fused._fused_forward(x)
-    torch.testing.assert_close(out, eager, rtol=0, atol=0)
-    with torch.no_grad():  # an in-place update must not replay a stale graph
+    with torch.no_grad():  # the graph's path (with grad on, block 3's conv2 is not dense)
+        eager = fused._fused_forward(x)
+        torch.testing.assert_close(out, eager, rtol=0, atol=0)
+        # An in-place update must not replay a stale graph (nor a stale dense weight).
         fused.layers[1][0].downsample[1].weight.mul_(2)
         fused.layers[2][0].fixup_scale.add_(0.25)
-    torch.testing.assert_close(fused(x).clone(), fused._fused_forward(x), rtol=0, atol=0)
+        fused.layers[3][0].conv2.weight.mul_(-1)
+        torch.testing.assert_close(fused(x).clone(), fused._fused_forward(x), rtol=0, atol=0)
 
 
 def test_state_dict_names_are_the_originals():
