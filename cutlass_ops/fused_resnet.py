@@ -7,18 +7,23 @@ the forward differs.  Per forward (16 kernels):
                                         input (a WMMA kernel), + block 0's fixup_bias1a
   per block conv1  conv2d_fused 3x3:    relu(acc + b1b) + b2a     (= conv2's padded input)
             downsample (blocks 1-3):    conv2d_fused 1x1 on the pooled map the previous
-                                        block's se_gate wrote (AvgPool2d(3, 2, 1) fused there)
+                                        block's se_gate wrote (AvgPool2d(3, 2, 1) fused there);
+                                        with graph=True beside conv1/conv2 (a graph branch)
             conv2  conv2d_fused 3x3:    acc * scale + b2b; on maps smaller than 3x3 (block 3's
                                         2x2) as a 1x1 conv over the flattened map with a
                                         cached dense weight (4/9 of the implicit GEMM's work)
             se_gate (one CTA/image):    squeeze, excite MLP, h*g + identity, ReLU,
                                         + the next block's fixup_bias1a, + its avgpool
 
-Small-M convs (late blocks, small batches) split K serially across threadblocks.
+Small-M convs (late blocks, small batches) split K serially across threadblocks.  On sm90
+every kernel launches as a programmatic dependent of the one before (its launch overlaps
+that one's tail; kernels/common/programmatic_launch.cuh).
 Not fused yet (see README): the squeeze re-reads conv2's output instead of being summed in
 its epilogue, and the excite MLP is a plain loop in se_gate (not a CUTLASS B2B GEMM).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -72,6 +77,7 @@ class FusedResNet(SEResNet9FixUp):
         self._derived: dict = {}
         self._graphs: dict = {}
         self._param_list: list = []
+        self._side_streams: dict = {}
         self._to_kernel_layouts()
 
     @classmethod
@@ -189,8 +195,16 @@ class FusedResNet(SEResNet9FixUp):
         # Cached for inference; recomputed (one tiny kernel) when b1a needs a gradient.
         neg_b1a0 = -b1a0 if torch.is_grad_enabled() and b1a0.requires_grad else \
             self._cached("neg_b1a0", b1a0, lambda t: -t)
+        # While a CUDA graph is captured (graph=True), each downsample conv goes on a side
+        # stream: it needs only the pooled map, so in the graph it runs beside conv1 and conv2
+        # (which leave SMs idle at small batches) instead of after them.  Eager calls stay
+        # on one stream: there a fork costs more host time than it saves.
+        side = self._side_stream(x.device) if x.is_cuda and torch.cuda.is_current_stream_capturing() else None
         pooled = None
         for i, blk in enumerate(blocks):
+            fork = side is not None and blk.downsample is not None
+            if fork:  # after the previous se_gate wrote the pooled map, before conv1
+                side.wait_stream(torch.cuda.current_stream())
             stride = blk.conv1.stride[0]
             h = conv(f"layers.{i}.conv1", xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None,
                      stride, 1, None, blk.fixup_bias2a, relu=True)
@@ -203,7 +217,12 @@ class FusedResNet(SEResNet9FixUp):
                 identity, identity_bias = xa, neg_b1a0
             else:
                 # AvgPool2d(3, 2, 1) of xa came from the previous se_gate; here the 1x1 conv.
-                identity = conv(f"layers.{i}.downsample", pooled, blk.downsample[1].weight)
+                # (Cross-stream tensors stay referenced until after the join, so the
+                # allocator cannot hand their memory to a kernel that could still race.)
+                with torch.cuda.stream(side) if fork else contextlib.nullcontext():
+                    identity = conv(f"layers.{i}.downsample", pooled, blk.downsample[1].weight)
+                if fork:
+                    torch.cuda.current_stream().wait_stream(side)
                 identity_bias = None
             nxt = blocks[i + 1] if i + 1 < len(blocks) else None
             fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
@@ -237,6 +256,12 @@ class FusedResNet(SEResNet9FixUp):
             name, _, kernel = report[-1]
             report[-1] = (name, tuple(y.shape), f"{kernel} (as dense 1x1 conv, {flat.shape[1]}->{weight.shape[0]})")
         return y
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = self._side_streams[device] = torch.cuda.Stream(device)
+        return stream
 
     def _graphed(self, x: torch.Tensor) -> torch.Tensor:
         # Host time here is on the critical path of small batches (the GPU waits for the

@@ -72,7 +72,7 @@ struct SmemLayout {
 // One CTA per kImages consecutive images (more than one when there are plenty of
 // CTAs: the excite weights are then read once per group, not once per image).
 template <typename T, int kImages>
-__global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
   wait_for_previous_grid();
   extern __shared__ float smem[];
   SmemLayout const layout(a.C, a.R, kImages, a.stage_w2);
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_kernel(SeGateArgs a) {
     int const r = base + unit;
     float dot[kImages] = {};
     if (r < a.R) {
-#pragma unroll 8
+#pragma unroll 4
       for (int c4 = sub; c4 < C4; c4 += lanes) {
         float4 const w = w1v[size_t(r) * C4 + c4];
 #pragma unroll
