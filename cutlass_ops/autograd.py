@@ -2,12 +2,21 @@
 fused kernels yet.
 
 Training works (loss.backward(), torch.optim; fp16/bf16 and float32 weights, and
-torch.autocast through FusedResNet) with gradients from ATen: the conv's dgrad/wgrad
-through aten.convolution_backward (in fp16/bf16 on CUDA, as PyTorch's own backward;
-float32 elsewhere), the epilogue (ReLU mask, FixUp scalar sums) and the SE gate in float32
-by recomputing their forward.
-Nothing is saved beyond the op inputs (the convs are recomputed); the fused CUTLASS
-dgrad/wgrad kernels are future work (issue: FusedResNet training).
+torch.autocast through FusedResNet).  What the backward does, per op:
+  - ReLU masks come from the saved output (the ops add post_bias after the ReLU, so an
+    inactive element is exactly post_bias rounded to the output dtype); nothing is
+    recomputed.  An element whose pre-activation is positive but below half a unit in the
+    last place of post_bias counts as inactive (about 1e-4 of them in fp16 at random
+    FixUp biases; none at post_bias 0).
+  - The conv's dgrad and wgrad: one aten.convolution_backward (cuDNN on CUDA, in the
+    activations' dtype with float32 accumulation, as PyTorch's own backward).  The FixUp
+    scale's gradient sum(g * conv(x, w)) is taken as <w, wgrad(g, x)>, so the conv is not
+    recomputed either.
+  - Bias / FixUp scalar gradients: float32 sums over the 16-bit gradients; the SE gate's
+    excite MLP backward in float32 on (N, C).
+Saved: the op inputs and outputs (16-bit activations; FusedResNet's outputs are the next
+op's inputs, so that costs no memory).  The fused CUTLASS dgrad/wgrad kernels are future
+work (issue: FusedResNet training).
 """
 from __future__ import annotations
 
@@ -17,7 +26,8 @@ import torch.nn.functional as F
 from .models import depth_to_space, space_to_depth
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+def _accumulate_dtype(t: torch.Tensor) -> torch.dtype:
+    """dtype of sums and of the tiny (N, C) / scalar math: float64 for float64, else float32."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
@@ -26,57 +36,70 @@ def _conv_dtype(t: torch.Tensor) -> torch.dtype:
     cores, float32 accumulation, as PyTorch's own backward); otherwise float32/64."""
     if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16):
         return t.dtype
-    return _compute_dtype(t)
+    return _accumulate_dtype(t)
 
 
-def _grad_like(g, t):
-    return None if g is None or t is None else g.to(t.dtype).reshape(t.shape)
+def _meta(t):
+    return None if t is None else (t.shape, t.dtype)
+
+
+def _grad_as(g, meta):
+    return None if g is None or meta is None else g.to(meta[1]).reshape(meta[0])
+
+
+def _relu_active(out: torch.Tensor, post_bias) -> torch.Tensor:
+    """Where ``out = relu(z) + post_bias`` had z > 0: the ops compute in float32 and round
+    once, so z <= 0 gives exactly post_bias rounded to out's dtype."""
+    if post_bias is None:
+        return out > 0
+    return out != post_bias.to(out.dtype).reshape(())
+
+
+def _bias_grad(g: torch.Tensor, meta, acc: torch.dtype):
+    """Gradient of conv2d_fused's bias over g (N, K, P, Q): per channel for a (K,) bias,
+    else (a scalar) the sum of all."""
+    if meta is None:
+        return None
+    summed = g.sum(dim=(0, 2, 3), dtype=acc) if len(meta[0]) == 1 else g.sum(dtype=acc)
+    return _grad_as(summed, meta)
 
 
 # ---- conv2d_fused: y = act(scale * conv(x, w) + bias + residual) + post_bias -------------------
 
 def _conv_setup(ctx, inputs, output):
     x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs
-    ctx.save_for_backward(x, w, bias, residual, scale)
+    ctx.save_for_backward(x, w, scale, post_bias, output if relu else None)
     ctx.stride, ctx.padding, ctx.relu = list(stride), list(padding), relu
     # needs_input_grad covers the arguments the call passed (trailing defaults are dropped).
     ctx.needs = list(ctx.needs_input_grad) + [False] * 9
-    ctx.has_post_bias = post_bias is not None
-    ctx.post_bias_meta = (post_bias.shape, post_bias.dtype) if post_bias is not None else None
+    ctx.metas = [_meta(t) for t in (x, w, bias, residual, scale, post_bias)]
 
 
 def _conv_backward(ctx, grad):
-    x, w, bias, residual, scale = ctx.saved_tensors
-    cd, conv_dtype = _compute_dtype(x), _conv_dtype(x)
-    xc, wc, g = x.to(conv_dtype), w.to(conv_dtype), grad.to(cd)
-    conv = F.conv2d(xc, wc, stride=ctx.stride, padding=ctx.padding).to(cd)
-    s = scale.to(cd).reshape(()) if scale is not None else None
-    grad_post = None
-    if ctx.has_post_bias:
-        shape, dtype = ctx.post_bias_meta
-        grad_post = g.sum().to(dtype).reshape(shape)
-    if ctx.relu:  # recompute the pre-activation for the mask (torch.relu: zero at <= 0)
-        z = conv * s if s is not None else conv
-        if bias is not None:
-            z = z + (bias.to(cd).view(1, -1, 1, 1) if bias.dim() == 1 else bias.to(cd))
-        if residual is not None:
-            z = z + residual.to(cd)
-        g = g * (z > 0)
-    grad_bias = None
+    x, w, scale, post_bias, out = ctx.saved_tensors
+    x_meta, w_meta, bias_meta, residual_meta, scale_meta, post_meta = ctx.metas
     needs = ctx.needs
-    if bias is not None and needs[2]:
-        grad_bias = g.sum(dim=(0, 2, 3)) if bias.dim() == 1 else g.sum()
-    grad_residual = g if residual is not None and needs[3] else None
-    grad_scale = (g * conv).sum() if s is not None and needs[4] else None
-    g_conv = g * s if s is not None else g
-    grad_x = grad_w = None
-    if needs[0] or needs[1]:
-        grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
-            g_conv.to(conv_dtype), xc, wc, None, ctx.stride, ctx.padding, [1, 1], False, [0, 0], 1,
-            [needs[0], needs[1], False])
-    return (_grad_like(grad_x, x), _grad_like(grad_w, w), _grad_like(grad_bias, bias),
-            _grad_like(grad_residual, residual), _grad_like(grad_scale, scale), grad_post,
-            None, None, None)
+    acc, conv_dtype = _accumulate_dtype(x), _conv_dtype(x)
+    grad_post = _grad_as(grad.sum(dtype=acc), post_meta) if needs[5] else None
+    g = torch.where(_relu_active(out, post_bias), grad, 0) if ctx.relu else grad
+    grad_bias = _bias_grad(g, bias_meta, acc) if needs[2] else None
+    grad_residual = _grad_as(g, residual_meta) if needs[3] else None
+    want_scale = scale is not None and needs[4]
+    grad_x = grad_w = grad_scale = None
+    if needs[0] or needs[1] or want_scale:
+        # d/dx of s*conv(x, w) is dgrad(g, s*w); wgrad(g, x) = G gives dw = s*G and
+        # ds = sum(g * conv(x, w)) = <w, G>.
+        w_dgrad = (w.to(acc) * scale.to(acc).reshape(())) if scale is not None else w
+        grad_x, wgrad, _ = torch.ops.aten.convolution_backward(
+            g.to(conv_dtype), x.to(conv_dtype), w_dgrad.to(conv_dtype), None, ctx.stride,
+            ctx.padding, [1, 1], False, [0, 0], 1, [needs[0], needs[1] or want_scale, False])
+        if wgrad is not None:
+            if want_scale:
+                grad_scale = _grad_as((wgrad.to(acc) * w.to(acc)).sum(), scale_meta)
+            if needs[1]:
+                grad_w = wgrad if scale is None else wgrad.to(acc) * scale.to(acc).reshape(())
+    return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
+            grad_scale, grad_post, None, None, None)
 
 
 torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, setup_context=_conv_setup)
@@ -85,7 +108,7 @@ torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, set
 # ---- se_gate: out = relu(h * g(h) + identity + identity_bias) + post_bias [, avgpool(out)] ------
 
 def se_gate_reference(h, identity, w1, b1, w2, b2, identity_bias, post_bias):
-    """The op's math in torch ops (differentiable); also the backward's recomputation."""
+    """The op's math in torch ops (differentiable)."""
     gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), w1, b1)), w2, b2))
     y = h * gate[:, :, None, None] + identity
     if identity_bias is not None:
@@ -94,30 +117,55 @@ def se_gate_reference(h, identity, w1, b1, w2, b2, identity_bias, post_bias):
     return y + post_bias.reshape(()) if post_bias is not None else y
 
 
+def _avgpool_backward(grad_pooled: torch.Tensor, shape) -> torch.Tensor:
+    """Gradient of avg_pool2d(., 3, 2, 1, count_include_pad=True) for an input of `shape`.
+    In NCHW-contiguous memory: CUDA's avg_pool2d backward is wrong for channels_last with
+    padding (pytorch/pytorch#188344, torch <= 2.11 at least).  `self` only gives the
+    shape: an uninitialised tensor does."""
+    like = grad_pooled.new_empty(shape)
+    return torch.ops.aten.avg_pool2d_backward(grad_pooled.contiguous(), like, [3, 3], [2, 2],
+                                              [1, 1], False, True, None)
+
+
 def _se_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:8])
-    ctx.avgpool = inputs[8]
+    h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool = inputs
+    ctx.save_for_backward(h, w1, b1, w2, b2, post_bias, output[0])
+    ctx.avgpool = avgpool
+    ctx.metas = [_meta(t) for t in inputs[:8]]
+    ctx.needs = list(ctx.needs_input_grad) + [False] * 9  # short when defaults were dropped
 
 
 def _se_backward(ctx, grad_out, grad_pooled):
-    saved = ctx.saved_tensors
-    cd = _compute_dtype(saved[0])
-    # Recomputed in NCHW-contiguous memory: CUDA's avg_pool2d backward is wrong for
-    # channels_last input with padding (pytorch/pytorch#188344, torch <= 2.11 at least).
-    leaves = [t.detach().to(cd).contiguous().requires_grad_() if t is not None else None for t in saved]
-    needs = list(ctx.needs_input_grad) + [False] * 9  # short when defaults were dropped
-    with torch.enable_grad():
-        out = se_gate_reference(*leaves)
-        outputs, grads = [out], [grad_out.to(cd).contiguous()]
-        if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
-            outputs.append(F.avg_pool2d(out, 3, 2, 1, count_include_pad=True))
-            grads.append(grad_pooled.to(cd).contiguous())
-        wanted = [t for t, need in zip(leaves, needs) if t is not None and need]
-        found = torch.autograd.grad(outputs, wanted, grads, allow_unused=True) if wanted else []
-    found = iter(found)
-    result = [_grad_like(next(found), s) if t is not None and need else None
-              for t, s, need in zip(leaves, saved, needs)]
-    return (*result, None)  # one per schema argument
+    h, w1, b1, w2, b2, post_bias, out = ctx.saved_tensors
+    metas, needs = ctx.metas, ctx.needs
+    acc = _accumulate_dtype(h)
+    g_out = grad_out if grad_out is not None else torch.zeros_like(out)
+    if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
+        g_out = g_out + _avgpool_backward(grad_pooled, out.shape)
+    grad_post = _grad_as(g_out.sum(dtype=acc), metas[7]) if needs[7] else None
+    dy = torch.where(_relu_active(out, post_bias), g_out, 0)  # d relu(y), y = h*gate + identity + ib
+    grad_identity = _grad_as(dy, metas[1]) if needs[1] else None
+    grad_identity_bias = _grad_as(dy.sum(dtype=acc), metas[6]) if needs[6] else None
+
+    # The gate, recomputed on (N, C) from the squeeze of h, and the excite MLP's backward.
+    w1a, b1a, w2a, b2a = (t.to(acc) for t in (w1, b1, w2, b2))
+    squeeze = h.mean((2, 3), dtype=acc)
+    pre1 = F.linear(squeeze, w1a, b1a)
+    hidden = torch.relu(pre1)
+    gate = torch.sigmoid(F.linear(hidden, w2a, b2a))
+    d_gate = (dy * h).sum((2, 3), dtype=acc)
+    d_pre2 = d_gate * gate * (1 - gate)
+    d_pre1 = (d_pre2 @ w2a) * (pre1 > 0)
+    d_squeeze = d_pre1 @ w1a
+    grads_mlp = [d_pre1.t() @ squeeze, d_pre1.sum(0), d_pre2.t() @ hidden, d_pre2.sum(0)]
+    grads_mlp = [_grad_as(gm, m) if need else None for gm, m, need in zip(grads_mlp, metas[2:6], needs[2:6])]
+    grad_h = None
+    if needs[0]:
+        hw = h.shape[2] * h.shape[3]
+        grad_h = torch.addcmul((d_squeeze / hw)[:, :, None, None].to(dy.dtype), dy,
+                               gate[:, :, None, None].to(dy.dtype))
+        grad_h = _grad_as(grad_h, metas[0])
+    return (grad_h, grad_identity, *grads_mlp, grad_identity_bias, grad_post, None)
 
 
 torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_context=_se_setup)
@@ -127,29 +175,26 @@ torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_cont
 
 def _s2d_setup(ctx, inputs, output):
     x, w, post_bias, relu = inputs
-    ctx.save_for_backward(x, w)
+    ctx.save_for_backward(x, w, post_bias, output if relu else None)
     ctx.relu = relu
-    ctx.post_bias_meta = (post_bias.shape, post_bias.dtype) if post_bias is not None else None
+    ctx.metas = [_meta(t) for t in (x, w, post_bias)]
     ctx.needs = list(ctx.needs_input_grad) + [False] * 4
 
 
 def _s2d_backward(ctx, grad):
-    x, w = ctx.saved_tensors
-    cd, conv_dtype = _compute_dtype(x), _conv_dtype(x)
-    s2d, wc, g = space_to_depth(x.to(conv_dtype)), w.to(conv_dtype), grad.to(cd)
-    grad_post = None
-    if ctx.post_bias_meta is not None and ctx.needs[2]:
-        shape, dtype = ctx.post_bias_meta
-        grad_post = g.sum().to(dtype).reshape(shape)
-    if ctx.relu:  # recompute the pre-activation for the mask (torch.relu: zero at <= 0)
-        g = g * (F.conv2d(s2d, wc) > 0)
+    x, w, post_bias, out = ctx.saved_tensors
+    x_meta, w_meta, post_meta = ctx.metas
+    acc, conv_dtype = _accumulate_dtype(x), _conv_dtype(x)
+    grad_post = _grad_as(grad.sum(dtype=acc), post_meta) if ctx.needs[2] else None
+    g = torch.where(_relu_active(out, post_bias), grad, 0) if ctx.relu else grad
     grad_x = grad_w = None
     if ctx.needs[0] or ctx.needs[1]:
         grad_s2d, grad_w, _ = torch.ops.aten.convolution_backward(
-            g.to(conv_dtype), s2d, wc, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [ctx.needs[0], ctx.needs[1], False])
+            g.to(conv_dtype), space_to_depth(x.to(conv_dtype)), w.to(conv_dtype), None, [1, 1], [0, 0],
+            [1, 1], False, [0, 0], 1, [ctx.needs[0], ctx.needs[1], False])
         if grad_s2d is not None:
             grad_x = depth_to_space(grad_s2d, x.shape[1])
-    return _grad_like(grad_x, x), _grad_like(grad_w, w), grad_post, None
+    return _grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_post, None
 
 
 torch.library.register_autograd("cutlass_ops::space_to_depth_conv", _s2d_backward, setup_context=_s2d_setup)

@@ -102,7 +102,10 @@ at::Tensor conv2d_fused_aten(at::Tensor const& input, at::Tensor const& weight,
   last_kernel_slot() = "aten";
   OutputShape out = check_inputs(input, weight, bias, residual, scale, post_bias, stride, padding);
   auto compute = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  auto y = at::conv2d(input.to(compute), weight.to(compute), {}, stride, padding);
+  // One memory format whatever the caller's (the CUDA path converts NCHW too): ATen picks
+  // its CPU conv algorithm by layout, and the result must not depend on it.
+  auto cl = at::MemoryFormat::ChannelsLast;
+  auto y = at::conv2d(input.to(compute).contiguous(cl), weight.to(compute).contiguous(cl), {}, stride, padding);
   if (scale) y = y * scale->to(compute).reshape({});
   if (bias) y = y + (bias->dim() == 0 ? bias->to(compute) : bias->to(compute).view({1, out.K, 1, 1}));
   if (residual) y = y + residual->to(compute);
