@@ -1,5 +1,5 @@
-"""Autograd for conv2d_fused, se_gate and space_to_depth_conv: backward through ATen, not
-fused kernels yet.
+"""Autograd for conv2d_fused, se_gate and space_to_depth_conv: dgrad/wgrad through ATen
+(cuDNN), not fused CUTLASS kernels yet; two small CUDA kernels for the epilogues.
 
 Training works (loss.backward(), torch.optim; fp16/bf16 and float32 weights, and
 torch.autocast through FusedResNet).  What the backward does, per op:
@@ -7,13 +7,15 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     inactive element is exactly post_bias rounded to the output dtype); nothing is
     recomputed.  An element whose pre-activation is positive but below half a unit in the
     last place of post_bias counts as inactive (about 1e-4 of them in fp16 at random
-    FixUp biases; none at post_bias 0).
+    FixUp biases; none at post_bias 0).  One relu_backward kernel per ReLU masks the
+    gradient and sums it before and after the mask (the FixUp biases' gradients).
+  - se_gate's fused AvgPool2d: one se_gate_pool_backward kernel adds its gradient.
   - The conv's dgrad and wgrad: one aten.convolution_backward (cuDNN on CUDA, in the
     activations' dtype with float32 accumulation, as PyTorch's own backward).  The FixUp
     scale's gradient sum(g * conv(x, w)) is taken as <w, wgrad(g, x)>, so the conv is not
     recomputed either.
-  - Bias / FixUp scalar gradients: float32 sums over the 16-bit gradients; the SE gate's
-    excite MLP backward in float32 on (N, C).
+  - Other bias gradients: float32 sums over the 16-bit gradients; the SE gate's excite MLP
+    backward in float32 on (N, C); the rest of the SE gate's backward as ATen ops.
 Saved: the op inputs and outputs (16-bit activations; FusedResNet's outputs are the next
 op's inputs, so that costs no memory).  The fused CUTLASS dgrad/wgrad kernels are future
 work (issue: FusedResNet training).
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .models import depth_to_space, space_to_depth
+from .ops import relu_backward, se_gate_pool_backward
 
 
 def _accumulate_dtype(t: torch.Tensor) -> torch.dtype:
@@ -47,21 +50,17 @@ def _grad_as(g, meta):
     return None if g is None or meta is None else g.to(meta[1]).reshape(meta[0])
 
 
-def _relu_active(out: torch.Tensor, post_bias) -> torch.Tensor:
-    """Where ``out = relu(z) + post_bias`` had z > 0: the ops compute in float32 and round
-    once, so z <= 0 gives exactly post_bias rounded to out's dtype."""
-    if post_bias is None:
-        return out > 0
-    return out != post_bias.to(out.dtype).reshape(())
+def _epilogue_backward(grad: torch.Tensor, out, post_bias, acc: torch.dtype, want_sums: bool = True):
+    """Backward of an ``act(z) + post_bias`` epilogue: (grad_z, sum(grad), sum(grad_z)).
 
-
-def _bias_grad(g: torch.Tensor, meta, acc: torch.dtype):
-    """Gradient of conv2d_fused's bias over g (N, K, P, Q): per channel for a (K,) bias,
-    else (a scalar) the sum of all."""
-    if meta is None:
-        return None
-    summed = g.sum(dim=(0, 2, 3), dtype=acc) if len(meta[0]) == 1 else g.sum(dtype=acc)
-    return _grad_as(summed, meta)
+    With a ReLU (out given: the op's saved output) one relu_backward pass masks the
+    gradient and takes both sums (the FixUp scalars' gradients); without, grad_z is grad
+    and the two sums are one (None unless want_sums)."""
+    if out is None:
+        total = grad.sum(dtype=acc) if want_sums else None
+        return grad, total, total
+    grad_z, sums = relu_backward(grad.to(out.dtype), out, post_bias)
+    return grad_z, sums[0], sums[1]
 
 
 # ---- conv2d_fused: y = act(scale * conv(x, w) + bias + residual) + post_bias -------------------
@@ -80,9 +79,13 @@ def _conv_backward(ctx, grad):
     x_meta, w_meta, bias_meta, residual_meta, scale_meta, post_meta = ctx.metas
     needs = ctx.needs
     acc, conv_dtype = _accumulate_dtype(x), _conv_dtype(x)
-    grad_post = _grad_as(grad.sum(dtype=acc), post_meta) if needs[5] else None
-    g = torch.where(_relu_active(out, post_bias), grad, 0) if ctx.relu else grad
-    grad_bias = _bias_grad(g, bias_meta, acc) if needs[2] else None
+    scalar_bias = bias_meta is not None and len(bias_meta[0]) == 0
+    g, sum_grad, sum_g = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc,
+                                            want_sums=needs[5] or (needs[2] and scalar_bias))
+    grad_post = _grad_as(sum_grad, post_meta) if needs[5] else None
+    grad_bias = None
+    if needs[2] and bias_meta is not None:  # a 0-d bias is a scalar, a (K,) bias per channel
+        grad_bias = _grad_as(sum_g if scalar_bias else g.sum(dim=(0, 2, 3), dtype=acc), bias_meta)
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
     want_scale = scale is not None and needs[4]
     grad_x = grad_w = grad_scale = None
@@ -117,16 +120,6 @@ def se_gate_reference(h, identity, w1, b1, w2, b2, identity_bias, post_bias):
     return y + post_bias.reshape(()) if post_bias is not None else y
 
 
-def _avgpool_backward(grad_pooled: torch.Tensor, shape) -> torch.Tensor:
-    """Gradient of avg_pool2d(., 3, 2, 1, count_include_pad=True) for an input of `shape`.
-    In NCHW-contiguous memory: CUDA's avg_pool2d backward is wrong for channels_last with
-    padding (pytorch/pytorch#188344, torch <= 2.11 at least).  `self` only gives the
-    shape: an uninitialised tensor does."""
-    like = grad_pooled.new_empty(shape)
-    return torch.ops.aten.avg_pool2d_backward(grad_pooled.contiguous(), like, [3, 3], [2, 2],
-                                              [1, 1], False, True, None)
-
-
 def _se_setup(ctx, inputs, output):
     h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool = inputs
     ctx.save_for_backward(h, w1, b1, w2, b2, post_bias, output[0])
@@ -141,11 +134,12 @@ def _se_backward(ctx, grad_out, grad_pooled):
     acc = _accumulate_dtype(h)
     g_out = grad_out if grad_out is not None else torch.zeros_like(out)
     if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
-        g_out = g_out + _avgpool_backward(grad_pooled, out.shape)
-    grad_post = _grad_as(g_out.sum(dtype=acc), metas[7]) if needs[7] else None
-    dy = torch.where(_relu_active(out, post_bias), g_out, 0)  # d relu(y), y = h*gate + identity + ib
+        g_out = se_gate_pool_backward(g_out, grad_pooled)  # + the fused avgpool's gradient
+    # dy: through the ReLU of y = h*gate + identity + identity_bias.
+    dy, sum_grad, sum_dy = _epilogue_backward(g_out, out, post_bias, acc)
+    grad_post = _grad_as(sum_grad, metas[7]) if needs[7] else None
     grad_identity = _grad_as(dy, metas[1]) if needs[1] else None
-    grad_identity_bias = _grad_as(dy.sum(dtype=acc), metas[6]) if needs[6] else None
+    grad_identity_bias = _grad_as(sum_dy, metas[6]) if needs[6] else None
 
     # The gate, recomputed on (N, C) from the squeeze of h, and the excite MLP's backward.
     w1a, b1a, w2a, b2a = (t.to(acc) for t in (w1, b1, w2, b2))
@@ -185,8 +179,8 @@ def _s2d_backward(ctx, grad):
     x, w, post_bias, out = ctx.saved_tensors
     x_meta, w_meta, post_meta = ctx.metas
     acc, conv_dtype = _accumulate_dtype(x), _conv_dtype(x)
-    grad_post = _grad_as(grad.sum(dtype=acc), post_meta) if ctx.needs[2] else None
-    g = torch.where(_relu_active(out, post_bias), grad, 0) if ctx.relu else grad
+    g, sum_grad, _ = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc, want_sums=ctx.needs[2])
+    grad_post = _grad_as(sum_grad, post_meta) if ctx.needs[2] else None
     grad_x = grad_w = None
     if ctx.needs[0] or ctx.needs[1]:
         grad_s2d, grad_w, _ = torch.ops.aten.convolution_backward(

@@ -110,6 +110,45 @@ def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ident
     return out, pooled
 
 
+def se_gate_pool_backward(grad_out: torch.Tensor, grad_pooled: torch.Tensor) -> torch.Tensor:
+    """``grad_out`` plus the gradient through ``avg_pool2d(out, 3, 2, 1, count_include_pad=True)``
+    of ``grad_pooled``: what reaches se_gate's ``out`` when ``avgpool=True`` (its backward).
+
+    grad_out (N, C, H, W), grad_pooled (N, C, (H+1)//2, (W+1)//2), same dtype and device.
+    fp16/bf16 on CUDA run one kernel (float accumulation); otherwise ATen.  Returns
+    channels_last memory.
+    """
+    return torch.ops.cutlass_ops.se_gate_pool_backward(grad_out, grad_pooled)
+
+
+@torch.library.register_fake("cutlass_ops::se_gate_pool_backward")
+def _se_gate_pool_backward_fake(grad_out, grad_pooled):
+    torch._check(grad_out.dim() == 4, lambda: "se_gate_pool_backward: grad_out must be 4-D")
+    return torch.empty_like(grad_out, memory_format=torch.channels_last)
+
+
+def relu_backward(grad: torch.Tensor, out: torch.Tensor, post_bias: Scalar = None):
+    """Backward of an ``out = relu(z) + post_bias`` epilogue from the saved output, with the
+    two sums FixUp's scalars need, in one pass (fp16/bf16 on CUDA; ATen otherwise):
+
+        grad_z = where(z > 0, grad, 0)        # z > 0 <=> out != post_bias rounded to out's dtype
+        sums   = (grad.sum(), grad_z.sum())   # float32 (float64 for float64 inputs)
+
+    The ops compute in float32 and round once, so z <= 0 stores exactly post_bias rounded;
+    an element with 0 < z below half an ulp of post_bias counts as inactive.  Returns
+    ``(grad_z, sums)``, grad_z in out's layout (channels_last for 4-D).
+    """
+    return torch.ops.cutlass_ops.relu_backward(grad, out, _as_tensor(post_bias, out))
+
+
+@torch.library.register_fake("cutlass_ops::relu_backward")
+def _relu_backward_fake(grad, out, post_bias=None):
+    torch._check(grad.shape == out.shape, lambda: "relu_backward: grad shape differs from out shape")
+    fmt = torch.channels_last if out.dim() == 4 else torch.contiguous_format
+    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+    return torch.empty_like(out, memory_format=fmt), out.new_empty((2,), dtype=acc)
+
+
 def space_to_depth_conv(input: torch.Tensor, weight: torch.Tensor, post_bias: Scalar = None,
                         relu: bool = False) -> torch.Tensor:
     """``act(conv1x1(space_to_depth(input, 4), weight)) + post_bias`` in one kernel: a ResNet

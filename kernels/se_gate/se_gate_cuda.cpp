@@ -1,4 +1,5 @@
-// CUDA implementation of cutlass_ops::se_gate (kernel in se_gate_kernel.cu).
+// CUDA implementations of cutlass_ops::se_gate (kernel in se_gate_kernel.cu) and
+// se_gate_pool_backward (se_gate_backward_kernel.cu).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -7,6 +8,7 @@
 #include <cstdint>
 
 #include "common/cuda_device.h"
+#include "se_gate/se_gate_backward_kernel.h"
 #include "se_gate/se_gate_kernel.h"
 #include "se_gate/se_gate_op.h"
 
@@ -64,9 +66,30 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   return {out, pooled};
 }
 
+at::Tensor se_gate_pool_backward_cuda(at::Tensor const& grad_out, at::Tensor const& grad_pooled) {
+  check_pool_backward_inputs(grad_out, grad_pooled);
+  auto dtype = grad_out.scalar_type();
+  if ((dtype != at::kHalf && dtype != at::kBFloat16) || grad_out.numel() >= INT32_MAX) {
+    return se_gate_pool_backward_aten(grad_out, grad_pooled);
+  }
+  c10::cuda::CUDAGuard guard(grad_out.device());
+  auto cl = at::MemoryFormat::ChannelsLast;
+  at::Tensor go = grad_out.contiguous(cl), gp = grad_pooled.contiguous(cl);
+  auto result = at::empty(grad_out.sizes(), grad_out.options().memory_format(cl));
+  PoolBackwardArgs a{};
+  a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  a.N = go.size(0); a.C = go.size(1); a.H = go.size(2); a.W = go.size(3);
+  a.P = gp.size(2); a.Q = gp.size(3);
+  a.grad_out = go.data_ptr(); a.grad_pooled = gp.data_ptr(); a.result = result.data_ptr();
+  cudaError_t err = launch_se_gate_pool_backward(a, c10::cuda::getCurrentCUDAStream(grad_out.device().index()).stream());
+  TORCH_CHECK(err == cudaSuccess, "se_gate_pool_backward: kernel launch failed: ", cudaGetErrorString(err));
+  return result;
+}
+
 }  // namespace se_gate
 }  // namespace cutlass_ops
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("se_gate", &cutlass_ops::se_gate::se_gate_cuda);
+  m.impl("se_gate_pool_backward", &cutlass_ops::se_gate::se_gate_pool_backward_cuda);
 }

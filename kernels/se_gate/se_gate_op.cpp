@@ -1,5 +1,6 @@
-// cutlass_ops::se_gate: squeeze-excitation gate + residual + ReLU in one pass.
-// Schema, checks and the CPU (ATen) implementation; CUDA in se_gate_cuda.cpp, fake in
+// cutlass_ops::se_gate: squeeze-excitation gate + residual + ReLU in one pass, and
+// se_gate_pool_backward (its fused avgpool's backward, used by cutlass_ops/autograd.py).
+// Schemas, checks and the CPU (ATen) implementations; CUDA in se_gate_cuda.cpp, fake in
 // cutlass_ops/ops.py.
 #include "se_gate/se_gate_op.h"
 
@@ -72,6 +73,34 @@ std::tuple<at::Tensor, at::Tensor> se_gate_aten(
   return {out, pooled};
 }
 
+void check_pool_backward_inputs(at::Tensor const& grad_out, at::Tensor const& grad_pooled) {
+  TORCH_CHECK_VALUE(grad_out.dim() == 4, "se_gate_pool_backward: grad_out must be 4-D (N, C, H, W), got ",
+                    grad_out.dim(), "-D");
+  TORCH_CHECK_VALUE(at::isFloatingType(grad_out.scalar_type()),
+                    "se_gate_pool_backward: grad_out must be floating, got ", grad_out.scalar_type());
+  auto want = pooled_shape(grad_out);
+  TORCH_CHECK_VALUE(grad_pooled.sizes() == at::IntArrayRef(want), "se_gate_pool_backward: grad_pooled must be ",
+                    at::IntArrayRef(want), " (AvgPool2d(3, 2, 1) of ", grad_out.sizes(), "), got ",
+                    grad_pooled.sizes());
+  TORCH_CHECK_VALUE(grad_pooled.scalar_type() == grad_out.scalar_type(), "se_gate_pool_backward: grad_pooled dtype ",
+                    grad_pooled.scalar_type(), " differs from grad_out dtype ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_pooled.device() == grad_out.device(), "se_gate_pool_backward: grad_pooled on ",
+                    grad_pooled.device(), " but grad_out on ", grad_out.device());
+}
+
+at::Tensor se_gate_pool_backward_aten(at::Tensor const& grad_out, at::Tensor const& grad_pooled) {
+  check_pool_backward_inputs(grad_out, grad_pooled);
+  auto compute = grad_out.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // NCHW-contiguous: CUDA's avg_pool2d backward is wrong for channels_last input with
+  // padding (pytorch/pytorch#188344).  `self` only gives the shape.
+  auto shape_only = at::empty(grad_out.sizes(), grad_out.options().dtype(compute));
+  auto pool_grad = at::avg_pool2d_backward(grad_pooled.to(compute).contiguous(), shape_only, {3, 3}, {2, 2},
+                                           {1, 1}, false, true, c10::nullopt);
+  auto out = at::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::ChannelsLast));
+  out.copy_(grad_out.to(compute) + pool_grad);
+  return out;
+}
+
 }  // namespace se_gate
 }  // namespace cutlass_ops
 
@@ -80,8 +109,10 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
       "se_gate(Tensor h, Tensor identity, Tensor fc1_weight, Tensor fc1_bias, Tensor fc2_weight, "
       "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None, bool avgpool=False) "
       "-> (Tensor, Tensor)");
+  m.def("se_gate_pool_backward(Tensor grad_out, Tensor grad_pooled) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("se_gate", &cutlass_ops::se_gate::se_gate_aten);
+  m.impl("se_gate_pool_backward", &cutlass_ops::se_gate::se_gate_pool_backward_aten);
 }

@@ -26,5 +26,10 @@ std::tuple<at::Tensor, at::Tensor> se_gate_aten(
     at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
     c10::optional<at::Tensor> const& post_bias, bool avgpool);
 
+// se_gate_pool_backward: grad_out plus the gradient through se_gate's AvgPool2d(3, 2, 1,
+// count_include_pad) of grad_pooled (the backward of se_gate(..., avgpool=True)).
+void check_pool_backward_inputs(at::Tensor const& grad_out, at::Tensor const& grad_pooled);
+at::Tensor se_gate_pool_backward_aten(at::Tensor const& grad_out, at::Tensor const& grad_pooled);
+
 }  // namespace se_gate
 }  // namespace cutlass_ops
