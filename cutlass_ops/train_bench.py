@@ -4,14 +4,15 @@ running the reference module, CUDA-event medians and peak memory, in one run.
     python -m cutlass_ops bench train --batch 512 2048
 
 A step is: gradients set to None, forward, loss = mean(out^2) in float32, backward.  The
-optimizer update is left out (it is the same for every system).  FusedResNet's backward is
-ATen (cutlass_ops/autograd.py), not fused kernels yet.
+optimizer update is left out (it is the same for every system).  FusedResNet's backward:
+cuDNN dgrad/wgrad plus two small CUDA kernels (cutlass_ops/autograd.py), not fused CUTLASS
+kernels yet.  The largest batch also gets a per-kernel breakdown of one FusedResNet step.
 """
 from __future__ import annotations
 
 import torch
 
-from .bench import graphed, time_cuda
+from .bench import graphed, kernel_times, time_cuda
 
 TRAIN_SYSTEMS = ("FusedResNet", "FusedResNet + CUDA graph", "eager channels_last",
                  "eager channels_last + CUDA graph", "torch.compile")
@@ -57,11 +58,24 @@ def bench_train(batch_sizes=(512, 2048), dtype=torch.float16, in_channels=3, sys
             timing = time_cuda(step, warmup=3, iters=iters)
             timing["peak_mem_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
             row["results"][name] = timing
+            if name == "FusedResNet":  # where the step's device time goes
+                row["fused_step"] = _step_breakdown(step)
             del model, step
             torch._dynamo.reset()
             torch.cuda.empty_cache()
         rows.append(row)
     return {"dtype": str(dtype)[6:], "in_channels": in_channels, "rows": rows}
+
+
+def _step_breakdown(step, top: int = 12) -> dict:
+    """Kernel count, device time, and the kernels taking most of it (summed by name) in one
+    training step, from torch.profiler."""
+    kernels = kernel_times(step, repeat=3)
+    by_name: dict = {}
+    for name, us in kernels:
+        by_name[name] = by_name.get(name, 0.0) + us
+    return {"kernels": len(kernels), "device_ms": sum(us for _, us in kernels) / 1e3,
+            "top_kernels_us": sorted(by_name.items(), key=lambda kv: -kv[1])[:top]}
 
 
 def print_train_table(result: dict) -> None:
@@ -73,3 +87,10 @@ def print_train_table(result: dict) -> None:
         for name, r in row["results"].items():
             print(f"  {name:34s} {r['median_ms']:9.3f} ms  {r['peak_mem_mib']:9.1f} MiB  "
                   f"{r['median_ms'] / best_torch:5.2f}x best PyTorch")
+    big = result["rows"][-1]
+    if "fused_step" in big:
+        b = big["fused_step"]
+        print(f"N={big['n']}: one FusedResNet step is {b['kernels']} kernels, {b['device_ms']:.2f} ms of "
+              f"device time (torch.profiler); by kernel name, the largest (µs):")
+        for name, us in b["top_kernels_us"]:
+            print(f"  {us:9.1f}  {name}")
