@@ -110,16 +110,6 @@ torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, set
 
 # ---- se_gate: out = relu(h * g(h) + identity + identity_bias) + post_bias [, avgpool(out)] ------
 
-def se_gate_reference(h, identity, w1, b1, w2, b2, identity_bias, post_bias):
-    """The op's math in torch ops (differentiable)."""
-    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), w1, b1)), w2, b2))
-    y = h * gate[:, :, None, None] + identity
-    if identity_bias is not None:
-        y = y + identity_bias.reshape(())
-    y = torch.relu(y)
-    return y + post_bias.reshape(()) if post_bias is not None else y
-
-
 def _se_setup(ctx, inputs, output):
     h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool = inputs
     ctx.save_for_backward(h, w1, b1, w2, b2, post_bias, output[0])

@@ -1,4 +1,4 @@
-"""FusedResNet: SE-ResNet9-FixUp from fused kernels (forward; the backward is ATen).
+"""FusedResNet: SE-ResNet9-FixUp from fused kernels (forward; the backward: cuDNN + two kernels).
 
 Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``; only
 the forward differs.  Per forward (16 kernels):
@@ -65,8 +65,8 @@ class FusedResNet(SEResNet9FixUp):
 
     ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
     output tensor is then reused by the next call of that shape: clone it to keep it).
-    Training works, with the backward computed by ATen (cutlass_ops/autograd.py), not by
-    fused kernels yet.  FixUp scalars and SE weights stay float32 whatever the model dtype:
+    Training works (cutlass_ops/autograd.py: cuDNN dgrad/wgrad and two small CUDA kernels,
+    not fused CUTLASS backward kernels yet).  FixUp scalars and SE weights stay float32 whatever the model dtype:
     they are tiny and the kernels use them in float32.
     """
 

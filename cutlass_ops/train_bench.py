@@ -6,7 +6,8 @@ running the reference module, CUDA-event medians and peak memory, in one run.
 A step is: gradients set to None, forward, loss = mean(out^2) in float32, backward.  The
 optimizer update is left out (it is the same for every system).  FusedResNet's backward:
 cuDNN dgrad/wgrad plus two small CUDA kernels (cutlass_ops/autograd.py), not fused CUTLASS
-kernels yet.  The largest batch also gets a per-kernel breakdown of one FusedResNet step.
+kernels yet.  Each row also records a per-kernel breakdown of one FusedResNet step
+(printed for the largest batch).
 """
 from __future__ import annotations
 

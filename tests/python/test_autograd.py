@@ -1,4 +1,4 @@
-"""Gradients of conv2d_fused, se_gate and FusedResNet (ATen backward, cutlass_ops/autograd.py)."""
+"""Gradients of conv2d_fused, se_gate and FusedResNet (cutlass_ops/autograd.py) vs float64."""
 import pytest
 import torch
 
