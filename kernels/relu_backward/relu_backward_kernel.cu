@@ -1,42 +1,14 @@
 #include "relu_backward/relu_backward_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
+
+#include "common/half_chunk.cuh"
 
 namespace cutlass_ops {
 namespace relu_backward {
 namespace {
 
-__device__ inline float to_float(__half v) { return __half2float(v); }
-__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ inline T from_float(float v);
-template <> __device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 constexpr int kThreads = 256;
-
-template <typename T, int kVec>
-struct Chunk {
-  T v[kVec];
-  __device__ void load(T const* p) {
-    if (kVec == 8) {
-      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<uint4 const*>(p);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = p[i];
-    }
-  }
-  __device__ void store(T* p) const {
-    if (kVec == 8) {
-      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) p[i] = v[i];
-    }
-  }
-};
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) relu_backward_kernel(ReluBackwardArgs a) {
@@ -50,7 +22,7 @@ __global__ void __launch_bounds__(kThreads) relu_backward_kernel(ReluBackwardArg
   long long const chunks = a.numel / kVec;
   for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < chunks;
        i += (long long)gridDim.x * kThreads) {
-    Chunk<T, kVec> g, o;
+    HalfChunk<T, kVec> g, o;
     g.load(grad + i * kVec);
     o.load(out + i * kVec);
 #pragma unroll
@@ -93,8 +65,6 @@ __global__ void __launch_bounds__(kThreads) relu_backward_kernel(ReluBackwardArg
     }
   }
 }
-
-bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <typename T>
 cudaError_t launch_typed(ReluBackwardArgs const& a, int blocks, cudaStream_t stream) {

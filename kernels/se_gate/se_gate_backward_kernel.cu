@@ -1,41 +1,12 @@
 #include "se_gate/se_gate_backward_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
+
+#include "common/half_chunk.cuh"
 
 namespace cutlass_ops {
 namespace se_gate {
 namespace {
-
-__device__ inline float to_float(__half v) { return __half2float(v); }
-__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ inline T from_float(float v);
-template <> __device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// kVec consecutive channels, loaded as one 16-byte access when kVec == 8.
-template <typename T, int kVec>
-struct Chunk {
-  T v[kVec];
-  __device__ void load(T const* p) {
-    if (kVec == 8) {
-      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<uint4 const*>(p);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = p[i];
-    }
-  }
-  __device__ void store(T* p) const {
-    if (kVec == 8) {
-      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) p[i] = v[i];
-    }
-  }
-};
 
 constexpr int kThreads = 256;
 
@@ -61,13 +32,13 @@ __global__ void __launch_bounds__(kThreads) se_gate_pool_backward_kernel(PoolBac
     int const p_end = min((y + 1) >> 1, a.P - 1), q_end = min((x + 1) >> 1, a.Q - 1);
     for (int p = y >> 1; p <= p_end; ++p) {
       for (int q = x >> 1; q <= q_end; ++q) {
-        Chunk<T, kVec> g;
+        HalfChunk<T, kVec> g;
         g.load(grad_pooled + ((n * a.P + p) * a.Q + q) * a.C + c);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) acc[k] += to_float(g.v[k]) / 9.0f;  // as ATen: each term / 9
       }
     }
-    Chunk<T, kVec> g;
+    HalfChunk<T, kVec> g;
     g.load(grad_out + i * kVec);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) g.v[k] = from_float<T>(to_float(g.v[k]) + acc[k]);
@@ -84,8 +55,6 @@ cudaError_t launch_typed(PoolBackwardArgs const& a, cudaStream_t stream) {
   se_gate_pool_backward_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
-
-bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
