@@ -92,7 +92,8 @@ def _conv_backward(ctx, grad):
     if needs[0] or needs[1] or want_scale:
         # d/dx of s*conv(x, w) is dgrad(g, s*w); wgrad(g, x) = G gives dw = s*G and
         # ds = sum(g * conv(x, w)) = <w, G>.
-        w_dgrad = (w.to(acc) * scale.to(acc).reshape(())) if scale is not None else w
+        s = scale.to(acc).reshape(()) if scale is not None else None
+        w_dgrad = w.to(acc) * s if s is not None else w
         grad_x, wgrad, _ = torch.ops.aten.convolution_backward(
             g.to(conv_dtype), x.to(conv_dtype), w_dgrad.to(conv_dtype), None, ctx.stride,
             ctx.padding, [1, 1], False, [0, 0], 1, [needs[0], needs[1] or want_scale, False])
@@ -100,7 +101,7 @@ def _conv_backward(ctx, grad):
             if want_scale:
                 grad_scale = _grad_as((wgrad.to(acc) * w.to(acc)).sum(), scale_meta)
             if needs[1]:
-                grad_w = wgrad if scale is None else wgrad.to(acc) * scale.to(acc).reshape(())
+                grad_w = wgrad if s is None else wgrad.to(acc) * s
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 

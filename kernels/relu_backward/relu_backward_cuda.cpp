@@ -19,9 +19,10 @@ std::tuple<at::Tensor, at::Tensor> relu_backward_cuda(at::Tensor const& grad, at
   c10::cuda::CUDAGuard guard(out.device());
   // Elementwise: any layout works as long as grad, out and grad_z share it; the op's
   // outputs are channels_last, so that is the layout that costs no copy.
-  auto format = out.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  at::Tensor g = grad.contiguous(format), o = out.contiguous(format);
+  auto format = grad_z_format(out);
   auto grad_z = at::empty(out.sizes(), out.options().memory_format(format));
+  if (out.numel() == 0) return {grad_z, at::zeros({2}, out.options().dtype(at::kFloat))};
+  at::Tensor g = grad.contiguous(format), o = out.contiguous(format);
   int dev = out.device().index();
   int blocks = relu_backward_blocks(out.numel(), multiprocessor_count(dev));
   auto partial = at::empty({blocks, 2}, out.options().dtype(at::kFloat));
@@ -32,7 +33,6 @@ std::tuple<at::Tensor, at::Tensor> relu_backward_cuda(at::Tensor const& grad, at
   a.grad = g.data_ptr(); a.out = o.data_ptr(); a.grad_z = grad_z.data_ptr();
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
   a.partial_sums = partial.data_ptr<float>();
-  if (a.numel == 0) return {grad_z, at::zeros({2}, out.options().dtype(at::kFloat))};
   cudaError_t err = launch_relu_backward(a, blocks, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "relu_backward: kernel launch failed: ", cudaGetErrorString(err));
   return {grad_z, partial.sum(0)};

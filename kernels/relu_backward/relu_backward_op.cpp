@@ -31,9 +31,7 @@ std::tuple<at::Tensor, at::Tensor> relu_backward_aten(at::Tensor const& grad, at
   check_inputs(grad, out, post_bias);
   auto acc = out.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto active = post_bias ? out.ne(post_bias->to(out.scalar_type()).reshape({})) : out.gt(0);
-  // channels_last for 4-D, as the CUDA kernel writes it.
-  auto format = out.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  auto grad_z = at::where(active, grad, at::zeros({}, grad.options())).contiguous(format);
+  auto grad_z = at::where(active, grad, at::zeros({}, grad.options())).contiguous(grad_z_format(out));
   auto sums = at::stack({grad.sum(acc), grad_z.sum(acc)});
   return {grad_z, sums};
 }
