@@ -1,5 +1,5 @@
 """Autograd for conv2d_fused, se_gate and space_to_depth_conv: dgrad/wgrad through ATen
-(cuDNN), not fused CUTLASS kernels yet; two small CUDA kernels for the epilogues.
+(cuDNN), not fused CUTLASS kernels yet; our own CUDA kernels for the epilogues and se_gate.
 
 Training works (loss.backward(), torch.optim; fp16/bf16 and float32 weights, and
 torch.autocast through FusedResNet).  What the backward does, per op:
@@ -9,13 +9,15 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     last place of post_bias counts as inactive (about 1e-4 of them in fp16 at random
     FixUp biases; none at post_bias 0).  One relu_backward kernel per ReLU masks the
     gradient and sums it before and after the mask (the FixUp biases' gradients).
-  - se_gate's fused AvgPool2d: one se_gate_pool_backward kernel adds its gradient.
+  - se_gate: its whole backward (the fused AvgPool2d's gradient, the ReLU mask, the
+    squeeze and gate recomputed, the excite MLP's backward, grad_h and grad_identity) in
+    one se_gate_backward kernel, one CTA per image; the batch sums of the excite weights'
+    gradients as small GEMMs.
   - The conv's dgrad and wgrad: one aten.convolution_backward (cuDNN on CUDA, in the
     activations' dtype with float32 accumulation, as PyTorch's own backward).  The FixUp
     scale's gradient sum(g * conv(x, w)) is taken as <w, wgrad(g, x)>, so the conv is not
     recomputed either.
-  - Other bias gradients: float32 sums over the 16-bit gradients; the SE gate's excite MLP
-    backward in float32 on (N, C); the rest of the SE gate's backward as ATen ops.
+  - Other bias gradients: float32 sums over the 16-bit gradients.
 Saved: the op inputs and outputs (16-bit activations; FusedResNet's outputs are the next
 op's inputs, so that costs no memory).  The fused CUTLASS dgrad/wgrad kernels are future
 work (issue: FusedResNet training).
@@ -23,10 +25,9 @@ work (issue: FusedResNet training).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .models import depth_to_space, space_to_depth
-from .ops import relu_backward, se_gate_pool_backward
+from .ops import relu_backward, se_gate_backward
 
 
 def _accumulate_dtype(t: torch.Tensor) -> torch.dtype:
@@ -122,35 +123,14 @@ def _se_setup(ctx, inputs, output):
 def _se_backward(ctx, grad_out, grad_pooled):
     h, w1, b1, w2, b2, post_bias, out = ctx.saved_tensors
     metas, needs = ctx.metas, ctx.needs
-    acc = _accumulate_dtype(h)
-    g_out = grad_out if grad_out is not None else torch.zeros_like(out)
-    if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
-        g_out = se_gate_pool_backward(g_out, grad_pooled)  # + the fused avgpool's gradient
-    # dy: through the ReLU of y = h*gate + identity + identity_bias.
-    dy, sum_grad, sum_dy = _epilogue_backward(g_out, out, post_bias, acc)
-    grad_post = _grad_as(sum_grad, metas[7]) if needs[7] else None
-    grad_identity = _grad_as(dy, metas[1]) if needs[1] else None
-    grad_identity_bias = _grad_as(sum_dy, metas[6]) if needs[6] else None
-
-    # The gate, recomputed on (N, C) from the squeeze of h, and the excite MLP's backward.
-    w1a, b1a, w2a, b2a = (t.to(acc) for t in (w1, b1, w2, b2))
-    squeeze = h.mean((2, 3), dtype=acc)
-    pre1 = F.linear(squeeze, w1a, b1a)
-    hidden = torch.relu(pre1)
-    gate = torch.sigmoid(F.linear(hidden, w2a, b2a))
-    d_gate = (dy * h).sum((2, 3), dtype=acc)
-    d_pre2 = d_gate * gate * (1 - gate)
-    d_pre1 = (d_pre2 @ w2a) * (pre1 > 0)
-    d_squeeze = d_pre1 @ w1a
-    grads_mlp = [d_pre1.t() @ squeeze, d_pre1.sum(0), d_pre2.t() @ hidden, d_pre2.sum(0)]
-    grads_mlp = [_grad_as(gm, m) if need else None for gm, m, need in zip(grads_mlp, metas[2:6], needs[2:6])]
-    grad_h = None
-    if needs[0]:
-        hw = h.shape[2] * h.shape[3]
-        grad_h = torch.addcmul((d_squeeze / hw)[:, :, None, None].to(dy.dtype), dy,
-                               gate[:, :, None, None].to(dy.dtype))
-        grad_h = _grad_as(grad_h, metas[0])
-    return (grad_h, grad_identity, *grads_mlp, grad_identity_bias, grad_post, None)
+    g_out = grad_out.to(out.dtype) if grad_out is not None else torch.zeros_like(out)
+    pooled = ctx.avgpool and grad_pooled is not None and grad_pooled.numel()
+    grads = se_gate_backward(g_out, grad_pooled.to(out.dtype) if pooled else None, h, out, w1, b1, w2, b2,
+                             post_bias)
+    grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post = grads
+    # se_gate's inputs: h, identity, fc1 w/b, fc2 w/b, identity_bias, post_bias, avgpool.
+    by_input = (grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post)
+    return (*(_grad_as(g, m) if need else None for g, m, need in zip(by_input, metas, needs)), None)
 
 
 torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_context=_se_setup)

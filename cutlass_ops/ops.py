@@ -110,21 +110,37 @@ def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ident
     return out, pooled
 
 
-def se_gate_pool_backward(grad_out: torch.Tensor, grad_pooled: torch.Tensor) -> torch.Tensor:
-    """``grad_out`` plus the gradient through ``avg_pool2d(out, 3, 2, 1, count_include_pad=True)``
-    of ``grad_pooled``: what reaches se_gate's ``out`` when ``avgpool=True`` (its backward).
+def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor], h: torch.Tensor,
+                     out: torch.Tensor, fc1_weight: torch.Tensor, fc1_bias: torch.Tensor,
+                     fc2_weight: torch.Tensor, fc2_bias: torch.Tensor, post_bias: Scalar = None):
+    """The whole backward of ``se_gate`` from its saved input ``h`` and output ``out``:
 
-    grad_out (N, C, H, W), grad_pooled (N, C, (H+1)//2, (W+1)//2), same dtype and device.
-    fp16/bf16 on CUDA run one kernel (float accumulation); otherwise ATen.  Returns
-    channels_last memory.
+        g      = grad_out + the gradient through the fused AvgPool2d(3, 2, 1) of grad_pooled
+        dy     = where(out != post_bias rounded, g, 0)          # the ReLU mask, as relu_backward
+        grad_h = dy * gate + (d_squeeze / (H*W))[:, :, None, None]   # gate recomputed from h
+        grad_identity = dy
+
+    Returns ``(grad_h, grad_identity, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight,
+    grad_fc2_bias, grad_identity_bias, grad_post_bias)``: the two maps in h's dtype
+    (channels_last), the rest float32 (float64 for float64 h).  ``grad_pooled`` is None
+    without the fused pool.  fp16/bf16 on CUDA with C % 8 == 0 run one kernel (one CTA per
+    image: both passes and the excite MLP's backward) plus the batch reductions of the
+    weights' gradients; other cases run the ATen composite.
     """
-    return torch.ops.cutlass_ops.se_gate_pool_backward(grad_out, grad_pooled)
+    return torch.ops.cutlass_ops.se_gate_backward(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias,
+                                                  fc2_weight, fc2_bias, _as_tensor(post_bias, h))
 
 
-@torch.library.register_fake("cutlass_ops::se_gate_pool_backward")
-def _se_gate_pool_backward_fake(grad_out, grad_pooled):
-    torch._check(grad_out.dim() == 4, lambda: "se_gate_pool_backward: grad_out must be 4-D")
-    return torch.empty_like(grad_out, memory_format=torch.channels_last)
+@torch.library.register_fake("cutlass_ops::se_gate_backward")
+def _se_gate_backward_fake(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
+                           post_bias=None):
+    torch._check(h.dim() == 4, lambda: "se_gate_backward: h must be 4-D")
+    torch._check(grad_out.shape == h.shape and out.shape == h.shape,
+                 lambda: "se_gate_backward: grad_out and out must have h's shape")
+    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+    maps = [torch.empty_like(h, memory_format=torch.channels_last) for _ in range(2)]
+    params = [t.new_empty(t.shape, dtype=acc) for t in (fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
+    return (*maps, *params, h.new_empty((), dtype=acc), h.new_empty((), dtype=acc))
 
 
 def relu_backward(grad: torch.Tensor, out: torch.Tensor, post_bias: Scalar = None):

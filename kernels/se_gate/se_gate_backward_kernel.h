@@ -1,9 +1,16 @@
-// Backward of se_gate's fused AvgPool2d(3, stride 2, pad 1, count_include_pad): the
-// gradient reaching `out` is the op's own plus, for each pixel, the pooled gradients of the
-// (at most 2 x 2) windows that cover it, each divided by 9:
-//   grad[n, y, x, c] = grad_out[n, y, x, c] + sum_{p,q covering (y, x)} grad_pooled[n, p, q, c] / 9
-// One pass, NHWC (channels_last) fp16/bf16, float accumulation.  No torch here: the op entry
-// point (se_gate_cuda.cpp) calls launch_se_gate_pool_backward.
+// The whole backward of se_gate (se_gate_kernel.h) for one CTA per image, in two passes
+// over the image and the excite MLP's backward in shared memory between them:
+//   g      = grad_out + AvgPool2d(3, 2, 1)'s backward of grad_pooled  (when pooled)
+//   dy     = g where the ReLU was active, else 0    (the gradient of h*gate + identity)
+//   d_gate = sum_hw(dy * h),  squeeze = mean_hw(h)    (pass 1, with the FixUp sums of g, dy)
+//   the gate recomputed from the squeeze; d_pre2 = d_gate * gate * (1 - gate),
+//   d_pre1 = (d_pre2 W2) * (pre1 > 0), d_squeeze = d_pre1 W1
+//   grad_h = dy * gate + d_squeeze / (H*W)            (pass 2)
+// The ReLU mask comes from the saved output: an inactive element holds exactly post_bias
+// rounded to the output dtype (as relu_backward).  Per-image vectors (squeeze, hidden,
+// d_pre1, d_pre2, the two sums) go to global memory; the op entry point (se_gate_cuda.cpp)
+// reduces them over the batch into the excite weights' and FixUp scalars' gradients.
+// NHWC (channels_last) fp16/bf16, float accumulation, deterministic (no atomics).  No torch here.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,18 +20,33 @@
 namespace cutlass_ops {
 namespace se_gate {
 
-struct PoolBackwardArgs {
+struct SeGateBackwardArgs {
   DType dtype;
-  int N, H, W, C;          // the shape of grad_out (and of the result)
-  int P, Q;                // the pooled shape: (H + 1) / 2, (W + 1) / 2
-  void const* grad_out;    // [N, H, W, C]
-  void const* grad_pooled; // [N, P, Q, C]
-  void* result;            // [N, H, W, C]
+  int N, H, W, C, R;
+  int P, Q;                          // the pooled map's size, when grad_pooled is given
+  void const* grad_out;              // [N, H, W, C]
+  void const* grad_pooled;           // [N, P, Q, C], or null: no fused pool
+  void const* h;                     // [N, H, W, C]: se_gate's input h
+  void const* out;                   // [N, H, W, C]: se_gate's saved output
+  float const* w1; float const* b1;  // (R, C), (R); W1 16-byte aligned
+  float const* w2; float const* b2;  // (C, R), (C)
+  float const* post_bias;            // device scalar or null
+  void* grad_y;                      // [N, H, W, C]: dy, which is also identity's gradient
+  void* grad_h;                      // [N, H, W, C]
+  float* squeeze;                    // [N, C]
+  float* hidden;                     // [N, R]
+  float* d_pre1;                     // [N, R]
+  float* d_pre2;                     // [N, C]
+  float* sums;                       // [N, 2]: per image sum(g), sum(dy)
+  bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
-// Vectorized (8 channels per thread) when C % 8 == 0 and the three pointers are 16-byte
-// aligned, else one channel per thread.  Returns the launch's cudaError.
-cudaError_t launch_se_gate_pool_backward(PoolBackwardArgs const& a, cudaStream_t stream);
+// Shared memory the kernel needs (bytes); the op falls back to ATen above the device's limit.
+size_t se_gate_backward_smem_bytes(int C, int R);
+
+// Requirements as launch_se_gate's (C % 8 == 0, C <= se_gate_max_channels(), 16-byte aligned
+// 16-bit tensors and W1).  Returns the launch's cudaError.
+cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, cudaStream_t stream);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

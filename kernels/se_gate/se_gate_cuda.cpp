@@ -1,5 +1,5 @@
 // CUDA implementations of cutlass_ops::se_gate (kernel in se_gate_kernel.cu) and
-// se_gate_pool_backward (se_gate_backward_kernel.cu).
+// se_gate_backward (se_gate_backward_kernel.cu).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -66,24 +66,53 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   return {out, pooled};
 }
 
-at::Tensor se_gate_pool_backward_cuda(at::Tensor const& grad_out, at::Tensor const& grad_pooled) {
-  check_pool_backward_inputs(grad_out, grad_pooled);
-  auto dtype = grad_out.scalar_type();
-  if ((dtype != at::kHalf && dtype != at::kBFloat16) || grad_out.numel() >= INT32_MAX) {
-    return se_gate_pool_backward_aten(grad_out, grad_pooled);
+SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
+                                  at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
+                                  at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
+                                  c10::optional<at::Tensor> const& post_bias) {
+  check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
+  auto dtype = h.scalar_type();
+  int64_t const C = h.size(1), R = w1.size(0);
+  auto const cl = at::MemoryFormat::ChannelsLast;
+  at::Tensor go = grad_out.contiguous(cl), hc = h.contiguous(cl), oc = out.contiguous(cl);
+  at::Tensor gp = grad_pooled ? grad_pooled->contiguous(cl) : at::Tensor();
+  int const dev = h.device().index();
+  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
+                     aligned16(go) && aligned16(hc) && aligned16(oc) && (!gp.defined() || aligned16(gp)) &&
+                     h.numel() < INT32_MAX &&
+                     se_gate_backward_smem_bytes(C, R) <= size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (!kernel_fits || h.numel() == 0) {
+    return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
   }
-  c10::cuda::CUDAGuard guard(grad_out.device());
-  auto cl = at::MemoryFormat::ChannelsLast;
-  at::Tensor go = grad_out.contiguous(cl), gp = grad_pooled.contiguous(cl);
-  auto result = at::empty(grad_out.sizes(), grad_out.options().memory_format(cl));
-  PoolBackwardArgs a{};
+  c10::cuda::CUDAGuard guard(h.device());
+  auto grad_h = at::empty(h.sizes(), h.options().memory_format(cl));
+  auto grad_identity = at::empty(h.sizes(), h.options().memory_format(cl));
+  int64_t const N = h.size(0);
+  auto f32 = h.options().dtype(at::kFloat);
+  at::Tensor squeeze = at::empty({N, C}, f32), hidden = at::empty({N, R}, f32);
+  at::Tensor d_pre1 = at::empty({N, R}, f32), d_pre2 = at::empty({N, C}, f32), sums = at::empty({N, 2}, f32);
+  at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
+  at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
+
+  SeGateBackwardArgs a{};
   a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
-  a.N = go.size(0); a.C = go.size(1); a.H = go.size(2); a.W = go.size(3);
-  a.P = gp.size(2); a.Q = gp.size(3);
-  a.grad_out = go.data_ptr(); a.grad_pooled = gp.data_ptr(); a.result = result.data_ptr();
-  cudaError_t err = launch_se_gate_pool_backward(a, c10::cuda::getCurrentCUDAStream(grad_out.device().index()).stream());
-  TORCH_CHECK(err == cudaSuccess, "se_gate_pool_backward: kernel launch failed: ", cudaGetErrorString(err));
-  return result;
+  a.N = N; a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
+  a.P = gp.defined() ? gp.size(2) : 0; a.Q = gp.defined() ? gp.size(3) : 0;
+  a.grad_out = go.data_ptr(); a.grad_pooled = gp.defined() ? gp.data_ptr() : nullptr;
+  a.h = hc.data_ptr(); a.out = oc.data_ptr();
+  a.w1 = w1f.data_ptr<float>(); a.b1 = b1f.data_ptr<float>();
+  a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
+  a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  a.grad_y = grad_identity.data_ptr(); a.grad_h = grad_h.data_ptr();
+  a.squeeze = squeeze.data_ptr<float>(); a.hidden = hidden.data_ptr<float>();
+  a.d_pre1 = d_pre1.data_ptr<float>(); a.d_pre2 = d_pre2.data_ptr<float>(); a.sums = sums.data_ptr<float>();
+  a.programmatic_launch = programmatic_launch_allowed(dev);
+  cudaError_t err = launch_se_gate_backward(a, c10::cuda::getCurrentCUDAStream(dev).stream());
+  TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  // The batch reductions: (N, C)-sized, a few small GEMMs.
+  auto total = sums.sum(0);
+  return {grad_h, grad_identity, at::mm(d_pre1.t(), squeeze), d_pre1.sum(0), at::mm(d_pre2.t(), hidden),
+          d_pre2.sum(0), total[1], total[0]};
 }
 
 }  // namespace se_gate
@@ -91,5 +120,5 @@ at::Tensor se_gate_pool_backward_cuda(at::Tensor const& grad_out, at::Tensor con
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("se_gate", &cutlass_ops::se_gate::se_gate_cuda);
-  m.impl("se_gate_pool_backward", &cutlass_ops::se_gate::se_gate_pool_backward_cuda);
+  m.impl("se_gate_backward", &cutlass_ops::se_gate::se_gate_backward_cuda);
 }

@@ -1,5 +1,5 @@
 // cutlass_ops::se_gate: squeeze-excitation gate + residual + ReLU in one pass, and
-// se_gate_pool_backward (its fused avgpool's backward, used by cutlass_ops/autograd.py).
+// se_gate_backward (its whole backward, used by cutlass_ops/autograd.py).
 // Schemas, checks and the CPU (ATen) implementations; CUDA in se_gate_cuda.cpp, fake in
 // cutlass_ops/ops.py.
 #include "se_gate/se_gate_op.h"
@@ -73,32 +73,64 @@ std::tuple<at::Tensor, at::Tensor> se_gate_aten(
   return {out, pooled};
 }
 
-void check_pool_backward_inputs(at::Tensor const& grad_out, at::Tensor const& grad_pooled) {
-  TORCH_CHECK_VALUE(grad_out.dim() == 4, "se_gate_pool_backward: grad_out must be 4-D (N, C, H, W), got ",
-                    grad_out.dim(), "-D");
-  TORCH_CHECK_VALUE(at::isFloatingType(grad_out.scalar_type()),
-                    "se_gate_pool_backward: grad_out must be floating, got ", grad_out.scalar_type());
-  auto want = pooled_shape(grad_out);
-  TORCH_CHECK_VALUE(grad_pooled.sizes() == at::IntArrayRef(want), "se_gate_pool_backward: grad_pooled must be ",
-                    at::IntArrayRef(want), " (AvgPool2d(3, 2, 1) of ", grad_out.sizes(), "), got ",
-                    grad_pooled.sizes());
-  TORCH_CHECK_VALUE(grad_pooled.scalar_type() == grad_out.scalar_type(), "se_gate_pool_backward: grad_pooled dtype ",
-                    grad_pooled.scalar_type(), " differs from grad_out dtype ", grad_out.scalar_type());
-  TORCH_CHECK_VALUE(grad_pooled.device() == grad_out.device(), "se_gate_pool_backward: grad_pooled on ",
-                    grad_pooled.device(), " but grad_out on ", grad_out.device());
+void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
+                           at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
+                           at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
+                           c10::optional<at::Tensor> const& post_bias) {
+  for (auto const* t : {&grad_out, &out}) {
+    TORCH_CHECK_VALUE(t->sizes() == h.sizes(), "se_gate_backward: grad_out and out must have h's shape ",
+                      h.sizes(), ", got ", t->sizes());
+    TORCH_CHECK_VALUE(t->scalar_type() == h.scalar_type(), "se_gate_backward: grad_out and out must have h's dtype ",
+                      h.scalar_type(), ", got ", t->scalar_type());
+    TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate_backward: grad_out and out must be on ", h.device(),
+                      ", got one on ", t->device());
+  }
+  check_inputs(h, out, w1, b1, w2, b2, c10::nullopt, post_bias);  // out stands where identity did
+  if (grad_pooled) {
+    auto want = pooled_shape(h);
+    TORCH_CHECK_VALUE(grad_pooled->sizes() == at::IntArrayRef(want), "se_gate_backward: grad_pooled must be ",
+                      at::IntArrayRef(want), " (AvgPool2d(3, 2, 1) of ", h.sizes(), "), got ", grad_pooled->sizes());
+    TORCH_CHECK_VALUE(grad_pooled->scalar_type() == h.scalar_type(), "se_gate_backward: grad_pooled dtype ",
+                      grad_pooled->scalar_type(), " differs from h dtype ", h.scalar_type());
+    TORCH_CHECK_VALUE(grad_pooled->device() == h.device(), "se_gate_backward: grad_pooled on ",
+                      grad_pooled->device(), " but h on ", h.device());
+  }
 }
 
-at::Tensor se_gate_pool_backward_aten(at::Tensor const& grad_out, at::Tensor const& grad_pooled) {
-  check_pool_backward_inputs(grad_out, grad_pooled);
-  auto compute = grad_out.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  // NCHW-contiguous: CUDA's avg_pool2d backward is wrong for channels_last input with
-  // padding (pytorch/pytorch#188344).  `self` only gives the shape.
-  auto shape_only = at::empty(grad_out.sizes(), grad_out.options().dtype(compute));
-  auto pool_grad = at::avg_pool2d_backward(grad_pooled.to(compute).contiguous(), shape_only, {3, 3}, {2, 2},
-                                           {1, 1}, false, true, c10::nullopt);
-  auto out = at::empty(grad_out.sizes(), grad_out.options().memory_format(at::MemoryFormat::ChannelsLast));
-  out.copy_(grad_out.to(compute) + pool_grad);
-  return out;
+SeGateGrads se_gate_backward_aten(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
+                                  at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
+                                  at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
+                                  c10::optional<at::Tensor> const& post_bias) {
+  check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
+  auto compute = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto g = grad_out.to(compute);
+  if (grad_pooled) {
+    // NCHW-contiguous: CUDA's avg_pool2d backward is wrong for channels_last input with
+    // padding (pytorch/pytorch#188344).  `self` only gives the shape.
+    auto shape_only = at::empty(h.sizes(), h.options().dtype(compute));
+    g = g + at::avg_pool2d_backward(grad_pooled->to(compute).contiguous(), shape_only, {3, 3}, {2, 2}, {1, 1},
+                                    false, true, c10::nullopt);
+  }
+  // The mask as the saved output encodes it (see relu_backward).
+  auto active = post_bias ? out.ne(post_bias->to(out.scalar_type()).reshape({})) : out.gt(0);
+  auto dy = at::where(active, g, at::zeros({}, g.options()));
+  // The gate recomputed from the squeeze, and the excite MLP's backward.
+  auto hf = h.to(compute);
+  auto squeeze = hf.mean({2, 3});
+  auto w1c = w1.to(compute), w2c = w2.to(compute);
+  auto pre1 = at::linear(squeeze, w1c, b1.to(compute));
+  auto hidden = at::relu(pre1);
+  auto gate = at::sigmoid(at::linear(hidden, w2c, b2.to(compute)));
+  auto d_pre2 = (dy * hf).sum({2, 3}) * gate * (1 - gate);
+  auto d_pre1 = at::mm(d_pre2, w2c) * pre1.gt(0);
+  auto d_squeeze = at::mm(d_pre1, w1c) / double(h.size(2) * h.size(3));
+  auto cl = h.options().memory_format(at::MemoryFormat::ChannelsLast);
+  auto grad_h = at::empty(h.sizes(), cl);
+  grad_h.copy_(dy * gate.unsqueeze(-1).unsqueeze(-1) + d_squeeze.unsqueeze(-1).unsqueeze(-1));
+  auto grad_identity = at::empty(h.sizes(), cl);
+  grad_identity.copy_(dy);
+  return {grad_h, grad_identity, at::mm(d_pre1.t(), squeeze), d_pre1.sum(0), at::mm(d_pre2.t(), hidden),
+          d_pre2.sum(0), dy.sum(), g.sum()};
 }
 
 }  // namespace se_gate
@@ -109,10 +141,14 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
       "se_gate(Tensor h, Tensor identity, Tensor fc1_weight, Tensor fc1_bias, Tensor fc2_weight, "
       "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None, bool avgpool=False) "
       "-> (Tensor, Tensor)");
-  m.def("se_gate_pool_backward(Tensor grad_out, Tensor grad_pooled) -> Tensor");
+  m.def(
+      "se_gate_backward(Tensor grad_out, Tensor? grad_pooled, Tensor h, Tensor out, Tensor fc1_weight, "
+      "Tensor fc1_bias, Tensor fc2_weight, Tensor fc2_bias, Tensor? post_bias=None) -> (Tensor grad_h, "
+      "Tensor grad_identity, Tensor grad_fc1_weight, Tensor grad_fc1_bias, Tensor grad_fc2_weight, "
+      "Tensor grad_fc2_bias, Tensor grad_identity_bias, Tensor grad_post_bias)");
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("se_gate", &cutlass_ops::se_gate::se_gate_aten);
-  m.impl("se_gate_pool_backward", &cutlass_ops::se_gate::se_gate_pool_backward_aten);
+  m.impl("se_gate_backward", &cutlass_ops::se_gate::se_gate_backward_aten);
 }

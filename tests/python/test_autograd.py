@@ -128,7 +128,7 @@ def test_loss_curve_matches_the_reference():
 
 def test_training_step_under_torch_compile():
     # The default (inductor) backend on the whole module, as users call it: the ops' fake
-    # impls trace, the backward's ops (relu_backward, se_gate_pool_backward) too.
+    # impls trace, the backward's ops (relu_backward, se_gate_backward) too.
     ref = randomize_(SEResNet9FixUp(1), torch.Generator().manual_seed(5))
     fused = cutlass_ops.FusedResNet.from_reference(ref).train()
     x = torch.randn(2, 1, 64, 64)

@@ -1,6 +1,6 @@
-"""The backward's two CUDA helpers (cutlass_ops/autograd.py uses them): relu_backward (ReLU
-mask from the saved output + the FixUp sums) and se_gate_pool_backward (the gradient
-through se_gate's fused AvgPool2d(3, 2, 1)), against float64 references."""
+"""The backward's CUDA ops (cutlass_ops/autograd.py uses them): relu_backward (ReLU mask
+from the saved output + the FixUp sums) and se_gate_backward (se_gate's whole backward,
+its fused AvgPool2d(3, 2, 1) included), against float64 references."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,42 +62,103 @@ def test_relu_backward_opcheck(device, rng):
     torch.library.opcheck(torch.ops.cutlass_ops.relu_backward.default, (grad, out, torch.tensor(0.5, device=device)))
 
 
+def _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias):
+    """float64 on the CPU, by autograd: the pool's gradient through F.avg_pool2d, the mask as
+    the saved output encodes it (as in relu_backward), the rest through the SE gate's math."""
+    g = grad_out.double().cpu()
+    if grad_pooled is not None:
+        x = torch.zeros(h.shape, dtype=torch.float64, requires_grad=True)
+        F.avg_pool2d(x, 3, 2, 1, count_include_pad=True).backward(grad_pooled.double().cpu())
+        g = g + x.grad
+    o = out.double().cpu()
+    active = o != post_bias.to(out.dtype).double().cpu() if post_bias is not None else o > 0
+    dy = torch.where(active, g, 0.0)
+    h64 = h.double().cpu().requires_grad_()
+    w1, b1, w2, b2 = (p.double().cpu().requires_grad_() for p in params)
+    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h64.mean((2, 3)), w1, b1)), w2, b2))
+    (h64 * gate[:, :, None, None]).backward(dy)
+    return [h64.grad, dy, w1.grad, b1.grad, w2.grad, b2.grad, dy.sum(), g.sum()], g.abs().sum()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW + [torch.float32])
-@pytest.mark.parametrize("shape", [(3, 64, 16, 16), (2, 24, 9, 7), (5, 3, 2, 2), (1, 8, 1, 1)])
-def test_se_gate_pool_backward(device, dtype, shape, rng):
-    n, c, h, w = shape
-    grad_out = torch.randn(shape, generator=rng).to(dtype).to(device).contiguous(memory_format=torch.channels_last)
-    pooled_shape = (n, c, (h + 1) // 2, (w + 1) // 2)
-    grad_pooled = torch.randn(pooled_shape, generator=rng).to(dtype).to(device).contiguous(
-        memory_format=torch.channels_last)
-    poison_cuda_cache(grad_out.numel() * grad_out.element_size())
-    got = cutlass_ops.ops.se_gate_pool_backward(grad_out, grad_pooled)
-    # Reference: autograd of the float64 pool (CPU, NCHW).
-    x = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
-    F.avg_pool2d(x, 3, 2, 1, count_include_pad=True).backward(grad_pooled.double().cpu())
-    ref = grad_out.double().cpu() + x.grad
-    rel, mx = errors(got, ref)
-    bound = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]
-    assert rel < bound and mx < 4 * bound, (rel, mx)
-    assert got.is_contiguous(memory_format=torch.channels_last)
+@pytest.mark.parametrize("shape, pooled", [((3, 64, 16, 16), True), ((2, 24, 9, 7), True), ((5, 512, 2, 2), False),
+                                           ((1, 8, 1, 1), True), ((3, 12, 5, 5), True), ((4, 128, 8, 8), False)])
+@pytest.mark.parametrize("with_post_bias", [True, False])
+def test_se_gate_backward(device, dtype, shape, pooled, with_post_bias, rng):
+    n, c, hh, ww = shape
+    r = max(c // 16, 1)
+    cl = torch.channels_last
+
+    def rand(*size, scale=1.0):
+        return (torch.randn(size, generator=rng) * scale).to(device)
+    h = rand(*shape).to(dtype).contiguous(memory_format=cl)
+    identity = rand(*shape).to(dtype).contiguous(memory_format=cl)
+    # Random, non-zero excite weights and biases (the default init would hide bugs).
+    params = [rand(r, c, scale=c ** -0.5), rand(r), rand(c, r, scale=r ** -0.5), rand(c)]
+    post_bias = rand(scale=0.5) + 0.25 if with_post_bias else None
+    identity_bias = rand()
+    out = cutlass_ops.se_gate(h, identity, *params, identity_bias, post_bias, avgpool=pooled)
+    out = out[0] if pooled else out
+    grad_out = rand(*shape).to(dtype).contiguous(memory_format=cl)
+    grad_pooled = rand(n, c, (hh + 1) // 2, (ww + 1) // 2).to(dtype).contiguous(memory_format=cl) if pooled else None
+    poison_cuda_cache(2 * h.numel() * h.element_size())
+    got = cutlass_ops.ops.se_gate_backward(grad_out, grad_pooled, h, out, *params, post_bias)
+    want, g_scale = _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias)
+    names = ["grad_h", "grad_identity", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "identity_bias",
+             "post_bias"]
+    # The two maps are rounded to dtype; the weights' and scalars' gradients are float32
+    # sums of the same 16-bit inputs, so they sit far closer to float64.
+    map_bound = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]
+    for name, gt, wt in zip(names[:2], got[:2], want[:2]):
+        rel, mx = errors(gt, wt)
+        assert rel < map_bound and mx < 4 * map_bound, (name, rel, mx)
+        assert gt.dtype == dtype and gt.is_contiguous(memory_format=cl), name
+    for name, gt, wt in zip(names[2:6], got[2:6], want[2:6]):
+        rel, mx = errors(gt, wt)
+        assert rel < 1e-4 and mx < 1e-3, (name, rel, mx)
+        assert gt.dtype == torch.float32 and gt.shape == wt.shape, name
+    for name, gt, wt in zip(names[6:], got[6:], want[6:]):  # scalar sums: relative to sum |g|
+        assert abs(gt.item() - wt.item()) / g_scale < 1e-6, (name, gt.item(), wt.item())
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_se_gate_pool_backward_bad_input(device):
-    g = torch.randn(2, 8, 6, 6, device=device, dtype=torch.float16)
+def test_se_gate_backward_bad_input(device):
+    h = torch.randn(2, 8, 6, 6, device=device, dtype=torch.float16)
+    params = [torch.randn(2, 8, device=device), torch.randn(2, device=device), torch.randn(8, 2, device=device),
+              torch.randn(8, device=device)]
     with pytest.raises(ValueError, match="grad_pooled must be"):
-        cutlass_ops.ops.se_gate_pool_backward(g, g)
+        cutlass_ops.ops.se_gate_backward(h, h, h, h, *params)
     with pytest.raises(ValueError, match="grad_pooled dtype"):
-        cutlass_ops.ops.se_gate_pool_backward(g, torch.randn(2, 8, 3, 3, device=device))
+        cutlass_ops.ops.se_gate_backward(h, torch.randn(2, 8, 3, 3, device=device), h, h, *params)
+    with pytest.raises(ValueError, match="must have h's dtype"):
+        cutlass_ops.ops.se_gate_backward(h.float(), None, h, h, *params)
+    with pytest.raises(ValueError, match="must have h's shape"):
+        cutlass_ops.ops.se_gate_backward(h, None, h, h[:1], *params)
+    with pytest.raises(ValueError, match="fc2_weight must be"):
+        cutlass_ops.ops.se_gate_backward(h, None, h, h, params[0], params[1], params[2].t(), params[3])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_se_gate_backward_opcheck(device, rng):
+    h = torch.randn(2, 16, 4, 4, generator=rng).half().to(device)
+    out, gp = torch.randn(2, 16, 4, 4, generator=rng).half().to(device), torch.randn(2, 16, 2, 2).half().to(device)
+    params = [torch.randn(*s, generator=rng).to(device) for s in [(2, 16), (2,), (16, 2), (16,)]]
+    torch.library.opcheck(torch.ops.cutlass_ops.se_gate_backward.default,
+                          (h, gp, h, out, *params, torch.tensor(0.5, device=device)))
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
-def test_se_gate_pool_backward_nchw_input_on_cuda(rng):
-    # Plain NCHW gradients are converted (the kernel reads channels_last).
-    g = torch.randn(2, 16, 8, 8, generator=rng).half().cuda()
-    gp = torch.randn(2, 16, 4, 4, generator=rng).half().cuda()
-    got = cutlass_ops.ops.se_gate_pool_backward(g, gp)
-    want = cutlass_ops.ops.se_gate_pool_backward(g.cpu().float(), gp.cpu().float())
-    rel, _ = errors(got, want)
-    assert rel < 1e-3, rel
+def test_se_gate_backward_nchw_input_on_cuda(rng):
+    # Plain NCHW gradients (as a conv's dgrad may give) are converted: the kernel reads channels_last.
+    shape, pshape = (2, 16, 8, 8), (2, 16, 4, 4)
+    h, out, g = (torch.randn(shape, generator=rng).half().cuda() for _ in range(3))
+    gp = torch.randn(pshape, generator=rng).half().cuda()
+    params = [torch.randn(*s, generator=rng).cuda() for s in [(2, 16), (2,), (16, 2), (16,)]]
+    cl = torch.channels_last
+    got = cutlass_ops.ops.se_gate_backward(g, gp, h, out, *params, 0.3)
+    want = cutlass_ops.ops.se_gate_backward(g.contiguous(memory_format=cl), gp.contiguous(memory_format=cl),
+                                            h.contiguous(memory_format=cl), out.contiguous(memory_format=cl),
+                                            *params, 0.3)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
