@@ -1,5 +1,6 @@
-// The whole backward of se_gate (se_gate_kernel.h) for one CTA per image, in two passes
-// over the image and the excite MLP's backward in shared memory between them:
+// The whole backward of se_gate (se_gate_kernel.h), one CTA per image (or per 2-8 small
+// images), in two passes over the image with the excite MLP's backward in shared memory
+// between them:
 //   g      = grad_out + AvgPool2d(3, 2, 1)'s backward of grad_pooled  (when pooled)
 //   dy     = g where the ReLU was active, else 0    (the gradient of h*gate + identity)
 //   d_gate = sum_hw(dy * h),  squeeze = mean_hw(h)    (pass 1, with the FixUp sums of g, dy)
@@ -41,12 +42,20 @@ struct SeGateBackwardArgs {
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
-// Shared memory the kernel needs (bytes); the op falls back to ATen above the device's limit.
-size_t se_gate_backward_smem_bytes(int C, int R);
+// Whether the kernel takes C channels and R hidden units: C % 8 == 0, C <= 2048, and R
+// dividing 32 (the excite loops reduce over groups of R lanes).  Otherwise the op runs ATen.
+bool se_gate_backward_supported(int C, int R);
 
-// Requirements as launch_se_gate's (C % 8 == 0, C <= se_gate_max_channels(), 16-byte aligned
-// 16-bit tensors and W1).  Returns the launch's cudaError.
-cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, cudaStream_t stream);
+// Shared memory the kernel needs (bytes); the op falls back to ATen above the device's limit.
+size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta);
+
+// Images per CTA (1, 2, 4 or 8): more than one for small images when the batch still
+// fills the GPU, so that the excite weights are read once per group.
+int se_gate_backward_images_per_cta(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes);
+
+// Requirements: se_gate_backward_supported(C, R), 16-byte aligned 16-bit tensors and W1.
+// Returns the launch's cudaError.
+cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, cudaStream_t stream);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

@@ -77,10 +77,12 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   at::Tensor go = grad_out.contiguous(cl), hc = h.contiguous(cl), oc = out.contiguous(cl);
   at::Tensor gp = grad_pooled ? grad_pooled->contiguous(cl) : at::Tensor();
   int const dev = h.device().index();
-  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
+  size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  int const images_per_cta = se_gate_backward_images_per_cta(h.size(0), h.size(2), h.size(3), C, R,
+                                                              multiprocessor_count(dev), max_smem);
+  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && se_gate_backward_supported(C, R) &&
                      aligned16(go) && aligned16(hc) && aligned16(oc) && (!gp.defined() || aligned16(gp)) &&
-                     h.numel() < INT32_MAX &&
-                     se_gate_backward_smem_bytes(C, R) <= size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+                     h.numel() < INT32_MAX && se_gate_backward_smem_bytes(C, R, images_per_cta) <= max_smem;
   if (!kernel_fits || h.numel() == 0) {
     return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
   }
@@ -107,12 +109,12 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   a.squeeze = squeeze.data_ptr<float>(); a.hidden = hidden.data_ptr<float>();
   a.d_pre1 = d_pre1.data_ptr<float>(); a.d_pre2 = d_pre2.data_ptr<float>(); a.sums = sums.data_ptr<float>();
   a.programmatic_launch = programmatic_launch_allowed(dev);
-  cudaError_t err = launch_se_gate_backward(a, c10::cuda::getCurrentCUDAStream(dev).stream());
+  cudaError_t err = launch_se_gate_backward(a, images_per_cta, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
   // The batch reductions: (N, C)-sized, a few small GEMMs.
-  auto total = sums.sum(0);
+  // (Two separate sums: an op's outputs must not share storage.)
   return {grad_h, grad_identity, at::mm(d_pre1.t(), squeeze), d_pre1.sum(0), at::mm(d_pre2.t(), hidden),
-          d_pre2.sum(0), total[1], total[0]};
+          d_pre2.sum(0), sums.select(1, 1).sum(), sums.select(1, 0).sum()};
 }
 
 }  // namespace se_gate
