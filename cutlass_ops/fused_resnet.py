@@ -149,8 +149,10 @@ class FusedResNet(SEResNet9FixUp):
     @staticmethod
     def _autocast_dtype(x: torch.Tensor):
         """The dtype torch.autocast asks for on x's device, or None outside autocast."""
+        # (Only the devices the model runs on: torch.amp.is_autocast_available is not
+        # traceable by torch.compile in torch 2.11, is_autocast_enabled is.)
         device = x.device.type
-        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
             return torch.get_autocast_dtype(device)
         return None
 

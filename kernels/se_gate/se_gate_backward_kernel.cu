@@ -12,6 +12,7 @@ constexpr int kVec = 8;  // channels per 16-byte access
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxImagesPerCta = 8;
 constexpr int kMaxHidden = 32;  // R must divide 32: the excite loops reduce over R lanes
+constexpr int kLoads = 8;       // W2 loads in flight per thread in the excite loops
 
 // Shared memory, in floats: a scratch area (per-thread partial sums of 8 channels, later
 // the per-warp partials of d_pre1), then per image and channel the squeeze, d_gate (later
@@ -58,7 +59,7 @@ __device__ void reduce_partials(float* scratch, float const (&acc)[kVec], float*
 // One CTA per kImages consecutive images (more than one for small images: the excite
 // weights are then read once per group).
 template <typename T, int kImages>
-__global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBackwardArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBackwardArgs a) {
   wait_for_previous_grid();
   extern __shared__ float smem[];
   int const C = a.C, R = a.R, HW = a.H * a.W;
@@ -75,11 +76,14 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
   int const n0 = blockIdx.x * kImages;
   int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
   size_t const base = size_t(n0) * HW * C;
-  T const* grad_out = static_cast<T const*>(a.grad_out) + base;
-  T const* h = static_cast<T const*>(a.h) + base;
-  T const* out = static_cast<T const*>(a.out) + base;
-  T* grad_y = static_cast<T*>(a.grad_y) + base;
-  T* grad_h = static_cast<T*>(a.grad_h) + base;
+  // __restrict__: the loads of the next pixel may move above this pixel's store.
+  T const* __restrict__ grad_out = static_cast<T const*>(a.grad_out) + base;
+  T const* __restrict__ h = static_cast<T const*>(a.h) + base;
+  T const* __restrict__ out = static_cast<T const*>(a.out) + base;
+  T* __restrict__ grad_y = static_cast<T*>(a.grad_y) + base;
+  T* __restrict__ grad_h = static_cast<T*>(a.grad_h) + base;
+  float const* __restrict__ w1 = a.w1;
+  float const* __restrict__ w2 = a.w2;
   // The value an inactive output holds: post_bias rounded as the forward rounded it.
   bool const has_post_bias = a.post_bias != nullptr;
   float const inactive = has_post_bias ? to_float(from_float<T>(*a.post_bias)) : 0.f;
@@ -92,11 +96,12 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
   float const inv_hw = 1.f / HW;
   for (int img = 0; img < images; ++img) {
     size_t const image = size_t(img) * HW * C;
-    T const* grad_pooled = a.grad_pooled == nullptr ? nullptr
+    T const* __restrict__ grad_pooled = a.grad_pooled == nullptr ? nullptr
         : static_cast<T const*>(a.grad_pooled) + size_t(n0 + img) * a.P * a.Q * C;
     float sum_h[kVec] = {}, sum_dyh[kVec] = {};
     float sum_g = 0.f, sum_dy = 0.f;
     if (row0 < rows_per_pass) {
+#pragma unroll 2
       for (int p = row0; p < HW; p += rows_per_pass) {
         size_t const at = image + size_t(p) * C + c0;
         HalfChunk<T, kVec> gv, ov, hv;
@@ -146,10 +151,11 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
 
   // The gate, recomputed.  pre1 = W1 squeeze + b1: a warp per hidden unit, float4 loads of
   // the W1 row, a shuffle reduction; each W1 element is loaded once for the CTA's images.
-  auto const* w1v = reinterpret_cast<float4 const*>(a.w1);  // 16-byte aligned (the op checks)
+  auto const* __restrict__ w1v = reinterpret_cast<float4 const*>(w1);  // 16-byte aligned (the op checks)
   int const C4 = C / 4;
   for (int r = warp; r < R; r += kWarps) {
     float dot[kImages] = {};
+#pragma unroll 4
     for (int c4 = lane; c4 < C4; c4 += 32) {
       float4 const w = w1v[size_t(r) * C4 + c4];
 #pragma unroll
@@ -174,24 +180,32 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
   }
 
   // pre2 = W2 hidden + b2, the sigmoid and d_pre2 = d_gate * gate * (1 - gate).  W2 (C, R)
-  // is read flat and coalesced: R consecutive lanes hold one channel's row (R divides 32),
-  // reduced by shuffles.  The trip count is the same in every warp.
+  // is read flat and coalesced, kLoads loads in flight per thread: R consecutive lanes hold
+  // one channel's row (R divides 32), reduced by shuffles.  Same trip count in every warp.
   int const CR = C * R;
   int const r_mine = tid % R;  // kThreads is a multiple of R: each thread keeps one r
-  for (int i0 = 0; i0 < CR; i0 += kThreads) {
-    int const i = i0 + tid, c = i / R;
-    float const w = i < CR ? a.w2[i] : 0.f;
+  for (int i0 = 0; i0 < CR; i0 += kLoads * kThreads) {
+    float w[kLoads];
 #pragma unroll
-    for (int img = 0; img < kImages; ++img) {
-      float v = img < images ? w * fmaxf(pre1[img * R + r_mine], 0.f) : 0.f;
-      for (int off = R / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (r_mine == 0 && i < CR && img < images) {
-        float const sig = 1.f / (1.f + __expf(-(v + a.b2[c])));
-        gate[img * C + c] = sig;
-        float const dp2 = d_gate[img * C + c] * sig * (1.f - sig);
-        d_gate[img * C + c] = dp2;
-        a.d_pre2[size_t(n0 + img) * C + c] = dp2;
-        a.squeeze[size_t(n0 + img) * C + c] = squeeze[img * C + c];
+    for (int u = 0; u < kLoads; ++u) {
+      int const i = i0 + u * kThreads + tid;
+      w[u] = i < CR ? w2[i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      int const i = i0 + u * kThreads + tid, c = i / R;
+#pragma unroll
+      for (int img = 0; img < kImages; ++img) {
+        float v = img < images ? w[u] * fmaxf(pre1[img * R + r_mine], 0.f) : 0.f;
+        for (int off = R / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (r_mine == 0 && i < CR && img < images) {
+          float const sig = 1.f / (1.f + __expf(-(v + a.b2[c])));
+          gate[img * C + c] = sig;
+          float const dp2 = d_gate[img * C + c] * sig * (1.f - sig);
+          d_gate[img * C + c] = dp2;
+          a.d_pre2[size_t(n0 + img) * C + c] = dp2;
+          a.squeeze[size_t(n0 + img) * C + c] = squeeze[img * C + c];
+        }
       }
     }
   }
@@ -200,14 +214,19 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
   // d_pre1 = (d_pre2 W2) * (pre1 > 0): the same flat walk over W2, each thread summing its r;
   // then over the lanes of a warp with the same r (shuffles), then over the warps.
   float acc[kImages] = {};
-  for (int i0 = 0; i0 < CR; i0 += kThreads) {
-    int const i = i0 + tid;
-    if (i < CR) {
-      float const w = a.w2[i];
-      int const c = i / R;
+  for (int i0 = 0; i0 < CR; i0 += kLoads * kThreads) {
+    float w[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      int const i = i0 + u * kThreads + tid;
+      w[u] = i < CR ? w2[i] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      int const c = min((i0 + u * kThreads + tid) / R, C - 1);  // w[u] is 0 past the end
 #pragma unroll
       for (int img = 0; img < kImages; ++img)
-        if (img < images) acc[img] += w * d_gate[img * C + c];
+        if (img < images) acc[img] += w[u] * d_gate[img * C + c];
     }
   }
 #pragma unroll
@@ -231,8 +250,9 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
   // d_squeeze = d_pre1 W1 (coalesced over the channels), divided by H*W.
   for (int c = tid; c < C; c += kThreads) {
     float s[kImages] = {};
+#pragma unroll 8
     for (int r = 0; r < R; ++r) {
-      float const w = a.w1[size_t(r) * C + c];
+      float const w = w1[size_t(r) * C + c];
 #pragma unroll
       for (int img = 0; img < kImages; ++img)
         if (img < images) s[img] += d_pre1[img * R + r] * w;
@@ -245,6 +265,7 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_kernel(SeGateBac
 
   // Pass 2: grad_h = dy * gate + d_squeeze / HW, dy read back (from L2: this CTA wrote it).
   int const chunks_per_image = HW * G;
+#pragma unroll 2
   for (int i = tid; i < images * chunks_per_image; i += kThreads) {
     int const img = i / chunks_per_image, c = (i % G) * kVec;
     float const* gi = gate + img * C + c;
