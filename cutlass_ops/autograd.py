@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from .models import depth_to_space, space_to_depth
 from .ops import relu_backward, se_gate_backward
 
 
@@ -154,11 +153,19 @@ def _s2d_backward(ctx, grad):
     grad_post = _grad_as(sum_grad, post_meta) if ctx.needs[2] else None
     grad_x = grad_w = None
     if ctx.needs[0] or ctx.needs[1]:
-        grad_s2d, grad_w, _ = torch.ops.aten.convolution_backward(
-            g.to(conv_dtype), space_to_depth(x.to(conv_dtype)), w.to(conv_dtype), None, [1, 1], [0, 0],
-            [1, 1], False, [0, 0], 1, [ctx.needs[0], ctx.needs[1], False])
-        if grad_s2d is not None:
-            grad_x = depth_to_space(grad_s2d, x.shape[1])
+        # A 1x1 conv is a GEMM over the pixels: with G = g as (N*P*Q, K) (a view of the
+        # channels_last gradient) and S = space_to_depth(x) as (N*P*Q, 16C), dw = G^T S and
+        # dS = G W.  (cuDNN, given the NCHW space_to_depth view, converted g to NCHW first:
+        # 0.3 of 0.45 ms at N=2048 on an H100.)
+        n, c, height, width = x.shape
+        k, p, q = w.shape[0], height // 4, width // 4
+        g_mat = g.to(conv_dtype).permute(0, 2, 3, 1).reshape(n * p * q, k)
+        if ctx.needs[1]:
+            s_mat = x.to(conv_dtype).reshape(n, c, p, 4, q, 4).permute(0, 2, 4, 3, 5, 1).reshape(n * p * q, 16 * c)
+            grad_w = (g_mat.t() @ s_mat).reshape(w.shape)
+        if ctx.needs[0]:
+            grad_s = g_mat @ w.to(conv_dtype).reshape(k, 16 * c)
+            grad_x = grad_s.reshape(n, p, q, 4, 4, c).permute(0, 5, 1, 3, 2, 4).reshape(n, c, height, width)
     return _grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_post, None
 
 
