@@ -14,34 +14,16 @@ constexpr int kMaxImagesPerCta = 8;
 constexpr int kMaxHidden = 32;  // R must divide 32: the excite loops reduce over R lanes
 constexpr int kLoads = 8;       // W2 loads in flight per thread in the excite loops
 
-// Shared memory, in floats: a scratch area (per-thread partial sums of 8 channels, later
-// the per-warp partials of d_pre1), then per image and channel the squeeze, d_gate (later
-// d_pre2), the gate and d_squeeze / HW, per image and hidden unit pre1 and d_pre1, and per
-// image the two FixUp sums' per-warp partials.
-struct BackwardSmem {
-  int scratch, squeeze, d_gate, gate, d_squeeze, pre1, d_pre1, sums, total;
-  __host__ __device__ BackwardSmem(int C, int R, int images) {
-    scratch = 0;  // kThreads * kVec >= kWarps * kMaxImagesPerCta * kMaxHidden
-    squeeze = scratch + kThreads * kVec;
-    d_gate = squeeze + images * C;
-    gate = d_gate + images * C;
-    d_squeeze = gate + images * C;
-    pre1 = d_squeeze + images * C;
-    d_pre1 = pre1 + images * R;
-    sums = d_pre1 + images * R;
-    total = sums + images * 2 * kWarps;
-  }
-};
-static_assert(kThreads * kVec >= kWarps * kMaxImagesPerCta * kMaxHidden, "scratch holds d_pre1's partials");
-
 __device__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
 }
 
+// ---- 1. per image: dy, its sums, the squeeze and d_gate ------------------------------------
+
 // The per-thread partials of 8 channels (thread t: channel group t % G, rows t / G) summed
-// over the rows into dst[C], in a fixed order (deterministic).
+// over the rows into dst[C] (global memory), in a fixed order (deterministic).
 __device__ void reduce_partials(float* scratch, float const (&acc)[kVec], float* dst, int C, int G,
                                 int rows_per_pass, float scale) {
   auto* mine = reinterpret_cast<float4*>(scratch + threadIdx.x * kVec);
@@ -56,101 +38,128 @@ __device__ void reduce_partials(float* scratch, float const (&acc)[kVec], float*
   __syncthreads();  // scratch is free again
 }
 
-// One CTA per kImages consecutive images (more than one for small images: the excite
-// weights are then read once per group).
-template <typename T, int kImages>
-__global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBackwardArgs a) {
+// One CTA per image, streaming: 3 CTAs of 256 threads per SM (no spills) keep the loads in flight.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(SeGateBackwardArgs a) {
   wait_for_previous_grid();
-  extern __shared__ float smem[];
-  int const C = a.C, R = a.R, HW = a.H * a.W;
-  BackwardSmem const layout(C, R, kImages);
-  float* scratch = smem + layout.scratch;
-  float* squeeze = smem + layout.squeeze;      // [images][C]
-  float* d_gate = smem + layout.d_gate;        // [images][C], then d_pre2
-  float* gate = smem + layout.gate;            // [images][C]
-  float* d_squeeze = smem + layout.d_squeeze;  // [images][C], divided by HW
-  float* pre1 = smem + layout.pre1;            // [images][R]
-  float* d_pre1 = smem + layout.d_pre1;        // [images][R]
-  float* warp_sums = smem + layout.sums;       // [images][2][kWarps]
+  __shared__ float4 scratch4[kThreads * kVec / 4];
+  __shared__ float warp_sums[2][kWarps];
+  float* scratch = reinterpret_cast<float*>(scratch4);
+  int const C = a.C, HW = a.H * a.W, n = blockIdx.x;
   int const tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  int const n0 = blockIdx.x * kImages;
-  int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
-  size_t const base = size_t(n0) * HW * C;
-  // __restrict__: the loads of the next pixel may move above this pixel's store.
+  size_t const base = size_t(n) * HW * C;
+  // __restrict__: the next pixel's loads may move above this pixel's store.
   T const* __restrict__ grad_out = static_cast<T const*>(a.grad_out) + base;
   T const* __restrict__ h = static_cast<T const*>(a.h) + base;
   T const* __restrict__ out = static_cast<T const*>(a.out) + base;
   T* __restrict__ grad_y = static_cast<T*>(a.grad_y) + base;
-  T* __restrict__ grad_h = static_cast<T*>(a.grad_h) + base;
-  float const* __restrict__ w1 = a.w1;
-  float const* __restrict__ w2 = a.w2;
+  T const* __restrict__ grad_pooled = a.grad_pooled == nullptr ? nullptr
+      : static_cast<T const*>(a.grad_pooled) + size_t(n) * a.P * a.Q * C;
   // The value an inactive output holds: post_bias rounded as the forward rounded it.
   bool const has_post_bias = a.post_bias != nullptr;
   float const inactive = has_post_bias ? to_float(from_float<T>(*a.post_bias)) : 0.f;
 
-  // Pass 1, per image: g (with the pool's gradient), the mask, dy stored; per-channel sums
-  // of h and dy*h, and the image's sums of g and dy.
   int const G = C / kVec;
   int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
-  int const group = tid % G, row0 = tid / G, c0 = group * kVec;
-  float const inv_hw = 1.f / HW;
-  for (int img = 0; img < images; ++img) {
-    size_t const image = size_t(img) * HW * C;
-    T const* __restrict__ grad_pooled = a.grad_pooled == nullptr ? nullptr
-        : static_cast<T const*>(a.grad_pooled) + size_t(n0 + img) * a.P * a.Q * C;
-    float sum_h[kVec] = {}, sum_dyh[kVec] = {};
-    float sum_g = 0.f, sum_dy = 0.f;
-    if (row0 < rows_per_pass) {
-#pragma unroll 2
-      for (int p = row0; p < HW; p += rows_per_pass) {
-        size_t const at = image + size_t(p) * C + c0;
-        HalfChunk<T, kVec> gv, ov, hv;
-        gv.load(grad_out + at);
-        ov.load(out + at);
-        hv.load(h + at);
-        float g[kVec];
+  int const row0 = tid / G, c0 = (tid % G) * kVec;
+  float sum_h[kVec] = {}, sum_dyh[kVec] = {};
+  float sum_g = 0.f, sum_dy = 0.f;
+  if (row0 < rows_per_pass) {
+    for (int p = row0; p < HW; p += rows_per_pass) {
+      size_t const at = size_t(p) * C + c0;
+      HalfChunk<T, kVec> gv, ov, hv;
+      gv.load(grad_out + at);
+      ov.load(out + at);
+      hv.load(h + at);
+      float g[kVec];
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) g[k] = to_float(gv.v[k]);
-        if (grad_pooled != nullptr) {
-          // Pooled row q covers rows 2q-1 .. 2q+1: row y is covered by q = y/2 .. (y+1)/2.
-          int const y = p / a.W, x = p % a.W;
-          int const q_end = min((y + 1) >> 1, a.P - 1), r_end = min((x + 1) >> 1, a.Q - 1);
-          for (int q = y >> 1; q <= q_end; ++q) {
-            for (int r = x >> 1; r <= r_end; ++r) {
-              HalfChunk<T, kVec> pv;
-              pv.load(grad_pooled + (size_t(q) * a.Q + r) * C + c0);
+      for (int k = 0; k < kVec; ++k) g[k] = to_float(gv.v[k]);
+      if (grad_pooled != nullptr) {
+        // Pooled row q covers rows 2q-1 .. 2q+1: row y is covered by q = y/2 .. (y+1)/2.
+        int const y = p / a.W, x = p % a.W;
+        int const q_end = min((y + 1) >> 1, a.P - 1), r_end = min((x + 1) >> 1, a.Q - 1);
+        for (int q = y >> 1; q <= q_end; ++q) {
+          for (int r = x >> 1; r <= r_end; ++r) {
+            HalfChunk<T, kVec> pv;
+            pv.load(grad_pooled + (size_t(q) * a.Q + r) * C + c0);
 #pragma unroll
-              for (int k = 0; k < kVec; ++k) g[k] += to_float(pv.v[k]) / 9.0f;  // as ATen: each term / 9
-            }
+            for (int k = 0; k < kVec; ++k) g[k] += to_float(pv.v[k]) / 9.0f;  // as ATen: each term / 9
           }
         }
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          float const o = to_float(ov.v[k]);
-          bool const active = has_post_bias ? !(o == inactive) : o > 0.f;  // NaN counts as active
-          float const dy = active ? g[k] : 0.f;
-          float const hk = to_float(hv.v[k]);
-          sum_g += g[k];
-          sum_dy += dy;
-          sum_h[k] += hk;
-          sum_dyh[k] += dy * hk;
-          gv.v[k] = from_float<T>(dy);
-        }
-        gv.store(grad_y + at);
       }
-    }
-    reduce_partials(scratch, sum_h, squeeze + img * C, C, G, rows_per_pass, inv_hw);
-    reduce_partials(scratch, sum_dyh, d_gate + img * C, C, G, rows_per_pass, 1.f);
-    sum_g = warp_sum(sum_g);
-    sum_dy = warp_sum(sum_dy);
-    if (lane == 0) {
-      warp_sums[(2 * img) * kWarps + warp] = sum_g;
-      warp_sums[(2 * img + 1) * kWarps + warp] = sum_dy;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        float const o = to_float(ov.v[k]);
+        bool const active = has_post_bias ? !(o == inactive) : o > 0.f;  // NaN counts as active
+        float const dy = active ? g[k] : 0.f;
+        float const hk = to_float(hv.v[k]);
+        sum_g += g[k];
+        sum_dy += dy;
+        sum_h[k] += hk;
+        sum_dyh[k] += dy * hk;
+        gv.v[k] = from_float<T>(dy);
+      }
+      gv.store(grad_y + at);
     }
   }
+  reduce_partials(scratch, sum_h, a.squeeze + size_t(n) * C, C, G, rows_per_pass, 1.f / HW);
+  reduce_partials(scratch, sum_dyh, a.d_gate + size_t(n) * C, C, G, rows_per_pass, 1.f);
+  sum_g = warp_sum(sum_g);
+  sum_dy = warp_sum(sum_dy);
+  if (lane == 0) {
+    warp_sums[0][warp] = sum_g;
+    warp_sums[1][warp] = sum_dy;
+  }
+  __syncthreads();
+  if (tid < 2) {  // the image's FixUp sums, in a fixed order
+    float s = 0.f;
+    for (int w = 0; w < kWarps; ++w) s += warp_sums[tid][w];
+    a.sums[2 * size_t(n) + tid] = s;
+  }
+}
 
-  // The gate, recomputed.  pre1 = W1 squeeze + b1: a warp per hidden unit, float4 loads of
-  // the W1 row, a shuffle reduction; each W1 element is loaded once for the CTA's images.
+// ---- 2. the excite MLP's backward, kImages images per CTA -----------------------------------
+
+// Shared memory, in floats: per image and channel the squeeze, d_gate (then d_pre2) and the
+// gate, per image and hidden unit pre1 and d_pre1, and the per-warp partials of d_pre1.
+struct ExciteSmem {
+  int squeeze, d_gate, gate, pre1, d_pre1, partial, total;
+  __host__ __device__ ExciteSmem(int C, int R, int images) {
+    squeeze = 0;
+    d_gate = squeeze + images * C;
+    gate = d_gate + images * C;
+    pre1 = gate + images * C;
+    d_pre1 = pre1 + images * R;
+    partial = d_pre1 + images * R;
+    total = partial + kWarps * images * R;
+  }
+};
+
+template <int kImages>
+__global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGateBackwardArgs a) {
+  wait_for_previous_grid();
+  extern __shared__ float smem[];
+  int const C = a.C, R = a.R;
+  ExciteSmem const layout(C, R, kImages);
+  float* squeeze = smem + layout.squeeze;  // [images][C]
+  float* d_gate = smem + layout.d_gate;    // [images][C], then d_pre2
+  float* gate = smem + layout.gate;        // [images][C]
+  float* pre1 = smem + layout.pre1;        // [images][R]
+  float* d_pre1 = smem + layout.d_pre1;    // [images][R]
+  float* partial = smem + layout.partial;  // [kWarps][images][R]
+  int const tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  int const n0 = blockIdx.x * kImages;
+  int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
+  float const* __restrict__ w1 = a.w1;
+  float const* __restrict__ w2 = a.w2;
+  for (int i = tid; i < images * C; i += kThreads) {
+    squeeze[i] = a.squeeze[size_t(n0) * C + i];
+    d_gate[i] = a.d_gate[size_t(n0) * C + i];
+  }
+  __syncthreads();
+
+  // pre1 = W1 squeeze + b1: a warp per hidden unit, float4 loads of the W1 row, a shuffle
+  // reduction; each W1 element is loaded once for the CTA's images.
   auto const* __restrict__ w1v = reinterpret_cast<float4 const*>(w1);  // 16-byte aligned (the op checks)
   int const C4 = C / 4;
   for (int r = warp; r < R; r += kWarps) {
@@ -173,11 +182,6 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBac
     }
   }
   __syncthreads();
-  if (tid < 2 * images) {  // the images' FixUp sums, in a fixed order
-    float s = 0.f;
-    for (int w = 0; w < kWarps; ++w) s += warp_sums[tid * kWarps + w];
-    a.sums[2 * size_t(n0) + tid] = s;
-  }
 
   // pre2 = W2 hidden + b2, the sigmoid and d_pre2 = d_gate * gate * (1 - gate).  W2 (C, R)
   // is read flat and coalesced, kLoads loads in flight per thread: R consecutive lanes hold
@@ -201,15 +205,16 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBac
         if (r_mine == 0 && i < CR && img < images) {
           float const sig = 1.f / (1.f + __expf(-(v + a.b2[c])));
           gate[img * C + c] = sig;
-          float const dp2 = d_gate[img * C + c] * sig * (1.f - sig);
-          d_gate[img * C + c] = dp2;
-          a.d_pre2[size_t(n0 + img) * C + c] = dp2;
-          a.squeeze[size_t(n0 + img) * C + c] = squeeze[img * C + c];
+          d_gate[img * C + c] *= sig * (1.f - sig);
         }
       }
     }
   }
   __syncthreads();
+  for (int i = tid; i < images * C; i += kThreads) {
+    a.gate[size_t(n0) * C + i] = gate[i];
+    a.d_pre2[size_t(n0) * C + i] = d_gate[i];
+  }
 
   // d_pre1 = (d_pre2 W2) * (pre1 > 0): the same flat walk over W2, each thread summing its r;
   // then over the lanes of a warp with the same r (shuffles), then over the warps.
@@ -233,13 +238,13 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBac
   for (int img = 0; img < kImages; ++img) {
     float v = acc[img];
     for (int off = 16; off >= R; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane < R) scratch[(warp * kImages + img) * R + lane] = v;
+    if (lane < R) partial[(warp * kImages + img) * R + lane] = v;
   }
   __syncthreads();
   for (int t = tid; t < images * R; t += kThreads) {
     int const img = t / R, r = t % R;
     float s = 0.f;
-    for (int w = 0; w < kWarps; ++w) s += scratch[(w * kImages + img) * R + r];
+    for (int w = 0; w < kWarps; ++w) s += partial[(w * kImages + img) * R + r];
     float const p1 = pre1[img * R + r];
     float const dp1 = p1 > 0.f ? s : 0.f;
     d_pre1[img * R + r] = dp1;
@@ -248,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBac
   }
   __syncthreads();
   // d_squeeze = d_pre1 W1 (coalesced over the channels), divided by H*W.
+  float const inv_hw = 1.f / (a.H * a.W);
   for (int c = tid; c < C; c += kThreads) {
     float s[kImages] = {};
 #pragma unroll 8
@@ -259,76 +265,94 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_backward_kernel(SeGateBac
     }
 #pragma unroll
     for (int img = 0; img < kImages; ++img)
-      if (img < images) d_squeeze[img * C + c] = s[img] * inv_hw;
-  }
-  __syncthreads();  // also: this CTA's grad_y stores are visible to all its threads
-
-  // Pass 2: grad_h = dy * gate + d_squeeze / HW, dy read back (from L2: this CTA wrote it).
-  int const chunks_per_image = HW * G;
-#pragma unroll 2
-  for (int i = tid; i < images * chunks_per_image; i += kThreads) {
-    int const img = i / chunks_per_image, c = (i % G) * kVec;
-    float const* gi = gate + img * C + c;
-    float const* di = d_squeeze + img * C + c;
-    HalfChunk<T, kVec> dv;
-    dv.load(grad_y + size_t(i) * kVec);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) dv.v[k] = from_float<T>(to_float(dv.v[k]) * gi[k] + di[k]);
-    dv.store(grad_h + size_t(i) * kVec);
+      if (img < images) a.d_squeeze[size_t(n0 + img) * C + c] = s[img] * inv_hw;
   }
 }
 
-template <typename T, int kImages>
-cudaError_t launch_typed(SeGateBackwardArgs const& a, cudaStream_t stream) {
+// ---- 3. grad_h = dy * gate + d_squeeze / HW, streaming ---------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) se_gate_backward_input_kernel(SeGateBackwardArgs a) {
+  wait_for_previous_grid();
+  int const G = a.C / kVec;
+  long long const per_image = (long long)a.H * a.W * G;
+  long long const chunks = a.N * per_image;
+  T const* __restrict__ grad_y = static_cast<T const*>(a.grad_y);
+  T* __restrict__ grad_h = static_cast<T*>(a.grad_h);
+  for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < chunks;
+       i += (long long)gridDim.x * kThreads) {
+    size_t const nc = size_t(i / per_image) * a.C + (i % G) * kVec;  // (image, channel) of the chunk
+    float4 const* gate4 = reinterpret_cast<float4 const*>(a.gate + nc);
+    float4 const* dsq4 = reinterpret_cast<float4 const*>(a.d_squeeze + nc);
+    float4 const g0 = gate4[0], g1 = gate4[1], d0 = dsq4[0], d1 = dsq4[1];
+    float const gate[kVec] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    float const dsq[kVec] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+    HalfChunk<T, kVec> dv;
+    dv.load(grad_y + i * kVec);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) dv.v[k] = from_float<T>(to_float(dv.v[k]) * gate[k] + dsq[k]);
+    dv.store(grad_h + i * kVec);
+  }
+}
+
+template <int kImages>
+cudaError_t launch_excite(SeGateBackwardArgs const& a, cudaStream_t stream) {
   size_t const smem = se_gate_backward_smem_bytes(a.C, a.R, kImages);
   if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(se_gate_backward_kernel<T, kImages>,
+    cudaError_t err = cudaFuncSetAttribute(se_gate_backward_excite_kernel<kImages>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
   }
   unsigned const grid = unsigned((a.N + kImages - 1) / kImages);
-  return launch_kernel<se_gate_backward_kernel<T, kImages>>(grid, kThreads, smem, stream,
-                                                            a.programmatic_launch, a);
+  return launch_kernel<se_gate_backward_excite_kernel<kImages>>(grid, kThreads, smem, stream,
+                                                                a.programmatic_launch, a);
 }
 
-template <int kImages>
-cudaError_t launch_images(SeGateBackwardArgs const& a, cudaStream_t stream) {
-  return a.dtype == DType::kF16 ? launch_typed<__half, kImages>(a, stream)
-                                : launch_typed<__nv_bfloat16, kImages>(a, stream);
+template <typename T>
+cudaError_t launch_typed(SeGateBackwardArgs const& a, int images_per_cta, int num_sms, cudaStream_t stream) {
+  cudaError_t err = launch_kernel<se_gate_backward_reduce_kernel<T>>(unsigned(a.N), kThreads, 0, stream,
+                                                                     a.programmatic_launch, a);
+  if (err != cudaSuccess) return err;
+  switch (images_per_cta) {
+    case 1: err = launch_excite<1>(a, stream); break;
+    case 2: err = launch_excite<2>(a, stream); break;
+    case 4: err = launch_excite<4>(a, stream); break;
+    case 8: err = launch_excite<8>(a, stream); break;
+    default: err = cudaErrorInvalidValue;
+  }
+  if (err != cudaSuccess) return err;
+  long long const chunks = (long long)a.N * a.H * a.W * (a.C / kVec);
+  long long const blocks = (chunks + kThreads - 1) / kThreads;
+  unsigned const grid = unsigned(blocks < 16LL * num_sms ? blocks : 16LL * num_sms);  // grid-stride beyond
+  return launch_kernel<se_gate_backward_input_kernel<T>>(grid, kThreads, 0, stream, a.programmatic_launch, a);
 }
 
 }  // namespace
 
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta) {
-  return sizeof(float) * BackwardSmem(C, R, images_per_cta).total;
+  return sizeof(float) * ExciteSmem(C, R, images_per_cta).total;
 }
 
 bool se_gate_backward_supported(int C, int R) {
   return C % kVec == 0 && C <= kVec * kThreads && R >= 1 && R <= kMaxHidden && kMaxHidden % R == 0;
 }
 
-int se_gate_backward_images_per_cta(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes) {
-  // Group images while the excite weights a CTA reads (three walks over W1 or W2: 12 C R
-  // bytes) outweigh the image data it moves (about seven 16-bit passes: 14 H W C bytes per
-  // image), and the CTAs still fill every SM twice.
-  long long const weight_bytes = 12LL * C * R, image_bytes = 14LL * H * W * C;
+int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes) {
+  // The excite kernel reads W1 and W2 three times per CTA: group as many images as leave a
+  // CTA for every SM (and fit in shared memory).
   int images = 1;
-  while (images < kMaxImagesPerCta && weight_bytes > images * image_bytes && N / (2 * images) >= 2 * num_sms &&
+  while (images < kMaxImagesPerCta && N / (2 * images) >= num_sms &&
          se_gate_backward_smem_bytes(C, R, 2 * images) <= max_smem_bytes) {
     images *= 2;
   }
   return images;
 }
 
-cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, cudaStream_t stream) {
+cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
+                                    cudaStream_t stream) {
   if (a.N == 0) return cudaSuccess;
-  switch (images_per_cta) {
-    case 1: return launch_images<1>(a, stream);
-    case 2: return launch_images<2>(a, stream);
-    case 4: return launch_images<4>(a, stream);
-    case 8: return launch_images<8>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return a.dtype == DType::kF16 ? launch_typed<__half>(a, images_per_cta, num_sms, stream)
+                                : launch_typed<__nv_bfloat16>(a, images_per_cta, num_sms, stream);
 }
 
 }  // namespace se_gate

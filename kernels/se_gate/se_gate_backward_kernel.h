@@ -1,16 +1,16 @@
-// The whole backward of se_gate (se_gate_kernel.h), one CTA per image (or per 2-8 small
-// images), in two passes over the image with the excite MLP's backward in shared memory
-// between them:
-//   g      = grad_out + AvgPool2d(3, 2, 1)'s backward of grad_pooled  (when pooled)
-//   dy     = g where the ReLU was active, else 0    (the gradient of h*gate + identity)
-//   d_gate = sum_hw(dy * h),  squeeze = mean_hw(h)    (pass 1, with the FixUp sums of g, dy)
-//   the gate recomputed from the squeeze; d_pre2 = d_gate * gate * (1 - gate),
-//   d_pre1 = (d_pre2 W2) * (pre1 > 0), d_squeeze = d_pre1 W1
-//   grad_h = dy * gate + d_squeeze / (H*W)            (pass 2)
+// The whole backward of se_gate (se_gate_kernel.h), in three kernels:
+//   1. reduce, one CTA per image (streaming):
+//        g       = grad_out + AvgPool2d(3, 2, 1)'s backward of grad_pooled  (when pooled)
+//        dy      = g where the ReLU was active, else 0  (the gradient of h*gate + identity)
+//        squeeze = mean_hw(h),  d_gate = sum_hw(dy * h),  and the image's sums of g and dy
+//   2. excite, one CTA per 1-8 images (the excite weights read once per group):
+//        the gate recomputed from the squeeze; d_pre2 = d_gate * gate * (1 - gate),
+//        d_pre1 = (d_pre2 W2) * (pre1 > 0), d_squeeze = d_pre1 W1
+//   3. input gradient (streaming): grad_h = dy * gate + d_squeeze / (H*W)
 // The ReLU mask comes from the saved output: an inactive element holds exactly post_bias
-// rounded to the output dtype (as relu_backward).  Per-image vectors (squeeze, hidden,
-// d_pre1, d_pre2, the two sums) go to global memory; the op entry point (se_gate_cuda.cpp)
-// reduces them over the batch into the excite weights' and FixUp scalars' gradients.
+// rounded to the output dtype (as relu_backward).  The per-image vectors stay in global
+// memory for the op entry point (se_gate_cuda.cpp), which reduces them over the batch into
+// the excite weights' and FixUp scalars' gradients.
 // NHWC (channels_last) fp16/bf16, float accumulation, deterministic (no atomics).  No torch here.
 #pragma once
 
@@ -34,7 +34,12 @@ struct SeGateBackwardArgs {
   float const* post_bias;            // device scalar or null
   void* grad_y;                      // [N, H, W, C]: dy, which is also identity's gradient
   void* grad_h;                      // [N, H, W, C]
+  // float32 per-image vectors, 16-byte aligned: written by one kernel, read by the next or
+  // by the op (squeeze, hidden, d_pre1, d_pre2, sums).
   float* squeeze;                    // [N, C]
+  float* d_gate;                     // [N, C]
+  float* gate;                       // [N, C]
+  float* d_squeeze;                  // [N, C], divided by H*W
   float* hidden;                     // [N, R]
   float* d_pre1;                     // [N, R]
   float* d_pre2;                     // [N, C]
@@ -42,20 +47,20 @@ struct SeGateBackwardArgs {
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
-// Whether the kernel takes C channels and R hidden units: C % 8 == 0, C <= 2048, and R
+// Whether the kernels take C channels and R hidden units: C % 8 == 0, C <= 2048, and R
 // dividing 32 (the excite loops reduce over groups of R lanes).  Otherwise the op runs ATen.
 bool se_gate_backward_supported(int C, int R);
 
-// Shared memory the kernel needs (bytes); the op falls back to ATen above the device's limit.
+// Shared memory the excite kernel needs (bytes); the op falls back to ATen above the limit.
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta);
 
-// Images per CTA (1, 2, 4 or 8): more than one for small images when the batch still
-// fills the GPU, so that the excite weights are read once per group.
-int se_gate_backward_images_per_cta(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes);
+// Images per excite CTA (1, 2, 4 or 8): as many as still leave a CTA for every SM.
+int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes);
 
 // Requirements: se_gate_backward_supported(C, R), 16-byte aligned 16-bit tensors and W1.
-// Returns the launch's cudaError.
-cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, cudaStream_t stream);
+// Returns the first launch error.
+cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
+                                    cudaStream_t stream);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

@@ -78,8 +78,8 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   at::Tensor gp = grad_pooled ? grad_pooled->contiguous(cl) : at::Tensor();
   int const dev = h.device().index();
   size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  int const images_per_cta = se_gate_backward_images_per_cta(h.size(0), h.size(2), h.size(3), C, R,
-                                                              multiprocessor_count(dev), max_smem);
+  int const num_sms = multiprocessor_count(dev);
+  int const images_per_cta = se_gate_backward_images_per_cta(h.size(0), C, R, num_sms, max_smem);
   bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && se_gate_backward_supported(C, R) &&
                      aligned16(go) && aligned16(hc) && aligned16(oc) && (!gp.defined() || aligned16(gp)) &&
                      h.numel() < INT32_MAX && se_gate_backward_smem_bytes(C, R, images_per_cta) <= max_smem;
@@ -93,6 +93,7 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   auto f32 = h.options().dtype(at::kFloat);
   at::Tensor squeeze = at::empty({N, C}, f32), hidden = at::empty({N, R}, f32);
   at::Tensor d_pre1 = at::empty({N, R}, f32), d_pre2 = at::empty({N, C}, f32), sums = at::empty({N, 2}, f32);
+  at::Tensor d_gate = at::empty({N, C}, f32), gate = at::empty({N, C}, f32), d_squeeze = at::empty({N, C}, f32);
   at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
   at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
 
@@ -108,8 +109,9 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   a.grad_y = grad_identity.data_ptr(); a.grad_h = grad_h.data_ptr();
   a.squeeze = squeeze.data_ptr<float>(); a.hidden = hidden.data_ptr<float>();
   a.d_pre1 = d_pre1.data_ptr<float>(); a.d_pre2 = d_pre2.data_ptr<float>(); a.sums = sums.data_ptr<float>();
+  a.d_gate = d_gate.data_ptr<float>(); a.gate = gate.data_ptr<float>(); a.d_squeeze = d_squeeze.data_ptr<float>();
   a.programmatic_launch = programmatic_launch_allowed(dev);
-  cudaError_t err = launch_se_gate_backward(a, images_per_cta, c10::cuda::getCurrentCUDAStream(dev).stream());
+  cudaError_t err = launch_se_gate_backward(a, images_per_cta, num_sms, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
   // The batch reductions: (N, C)-sized, a few small GEMMs.
   // (Two separate sums: an op's outputs must not share storage.)

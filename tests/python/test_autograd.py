@@ -69,13 +69,21 @@ def _rms(values) -> float:
     return (sum(v * v for v in values) / len(values)) ** 0.5
 
 
+def _is_scalar(name: str) -> bool:
+    return "fixup" in name  # FixUp's scalar biases and scale
+
+
 def _check_grads(dtype, device, bound):
     """float64: every gradient within `bound`.  fp16/bf16: rounding the activations to 16
-    bits leaves some gradients (sums with heavy cancellation, e.g. the FixUp biases) off by
-    several percent in PyTorch's own run of the module too, so the check is relative to
-    that run: the RMS over parameters of the relative errors no worse than 1.25x PyTorch's,
-    and no gradient off by more than 10x `bound` (a bug, not rounding).  Prints the table
-    and how many gradients exceed `bound` in each."""
+    bits leaves the FixUp scalars' gradients (sums of 10^4-10^6 terms that largely cancel)
+    off by tens of percent or more, in PyTorch's own run of the module as much as in ours,
+    and which of the two is closer changes with the input (docs/results/grads_seeds_h100.txt:
+    over six seeds in bf16 the worst scalar was off by 4.7x in FusedResNet and by 15x in
+    PyTorch).  So in 16 bits the check is on the tensor gradients (conv and SE weights, the
+    input), relative to PyTorch's run: their RMS relative error no worse than 1.25x
+    PyTorch's, and none off by more than 10x `bound` (a bug, not rounding).  The scalars'
+    gradients are checked in float64 (exact to 1e-6) and by the backward ops' own tests
+    against float64.  Prints the whole table and how many gradients exceed `bound`."""
     errs = _grad_errors(dtype, device)
     print(f"\nFusedResNet grads, {dtype} {device}: relative error vs float64 (fused, eager same dtype)")
     for name, (fused, eager) in errs.items():
@@ -86,9 +94,12 @@ def _check_grads(dtype, device, bound):
     if dtype == torch.float64:
         assert max(fused) <= bound, errs
     else:
-        assert _rms(fused) <= 1.25 * _rms(eager), (_rms(fused), _rms(eager))
-        worst = max(errs, key=lambda n: errs[n][0])
-        assert errs[worst][0] <= 10 * bound, f"{worst}: {errs[worst]}"
+        tensors = {n: e for n, e in errs.items() if not _is_scalar(n)}
+        fused_t, eager_t = _rms([e[0] for e in tensors.values()]), _rms([e[1] for e in tensors.values()])
+        print(f"tensor gradients: RMS fused {fused_t:.3g}, eager {eager_t:.3g}")
+        assert fused_t <= 1.25 * eager_t, (fused_t, eager_t)
+        worst = max(tensors, key=lambda n: tensors[n][0])
+        assert tensors[worst][0] <= 10 * bound, f"{worst}: {tensors[worst]}"
 
 
 def test_fused_resnet_gradients_cpu_float64():
