@@ -75,16 +75,24 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
 #pragma unroll
       for (int k = 0; k < kVec; ++k) g[k] = to_float(gv.v[k]);
       if (grad_pooled != nullptr) {
-        // Pooled row q covers rows 2q-1 .. 2q+1: row y is covered by q = y/2 .. (y+1)/2.
+        // Pooled row q covers rows 2q-1 .. 2q+1, so row y is covered by q = y/2 and, for odd
+        // y, (y+1)/2 when that exists; the same for columns.  The (at most) four windows
+        // are loaded at once (a missing one re-reads the first with weight 0): loads in a
+        // loop with data-dependent bounds were waited for one at a time.
         int const y = p / a.W, x = p % a.W;
-        int const q_end = min((y + 1) >> 1, a.P - 1), r_end = min((x + 1) >> 1, a.Q - 1);
-        for (int q = y >> 1; q <= q_end; ++q) {
-          for (int r = x >> 1; r <= r_end; ++r) {
-            HalfChunk<T, kVec> pv;
-            pv.load(grad_pooled + (size_t(q) * a.Q + r) * C + c0);
+        int const q0 = y >> 1, r0 = x >> 1;
+        bool const q1_ok = (y & 1) && q0 + 1 < a.P, r1_ok = (x & 1) && r0 + 1 < a.Q;
+        int const q1 = q1_ok ? q0 + 1 : q0, r1 = r1_ok ? r0 + 1 : r0;
+        HalfChunk<T, kVec> pv[4];
+        pv[0].load(grad_pooled + (size_t(q0) * a.Q + r0) * C + c0);
+        pv[1].load(grad_pooled + (size_t(q0) * a.Q + r1) * C + c0);
+        pv[2].load(grad_pooled + (size_t(q1) * a.Q + r0) * C + c0);
+        pv[3].load(grad_pooled + (size_t(q1) * a.Q + r1) * C + c0);
+        float const weight[4] = {1.f, r1_ok ? 1.f : 0.f, q1_ok ? 1.f : 0.f, q1_ok && r1_ok ? 1.f : 0.f};
 #pragma unroll
-            for (int k = 0; k < kVec; ++k) g[k] += to_float(pv.v[k]) / 9.0f;  // as ATen: each term / 9
-          }
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) g[k] += weight[j] * (to_float(pv[j].v[k]) / 9.0f);  // as ATen: each term / 9
         }
       }
 #pragma unroll
@@ -163,6 +171,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
   auto const* __restrict__ w1v = reinterpret_cast<float4 const*>(w1);  // 16-byte aligned (the op checks)
   int const C4 = C / 4;
   for (int r = warp; r < R; r += kWarps) {
+    float const bias = a.b1[r];
     float dot[kImages] = {};
 #pragma unroll 4
     for (int c4 = lane; c4 < C4; c4 += 32) {
@@ -178,22 +187,24 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
 #pragma unroll
     for (int i = 0; i < kImages; ++i) {
       float const d = warp_sum(dot[i]);
-      if (lane == 0 && i < images) pre1[i * R + r] = d + a.b1[r];
+      if (lane == 0 && i < images) pre1[i * R + r] = d + bias;
     }
   }
   __syncthreads();
 
   // pre2 = W2 hidden + b2, the sigmoid and d_pre2 = d_gate * gate * (1 - gate).  W2 (C, R)
-  // is read flat and coalesced, kLoads loads in flight per thread: R consecutive lanes hold
-  // one channel's row (R divides 32), reduced by shuffles.  Same trip count in every warp.
+  // is read flat and coalesced, kLoads loads in flight per thread (with b2: a load inside
+  // the loop below would be waited for once per image): R consecutive lanes hold one
+  // channel's row (R divides 32), reduced by shuffles.  Same trip count in every warp.
   int const CR = C * R;
   int const r_mine = tid % R;  // kThreads is a multiple of R: each thread keeps one r
   for (int i0 = 0; i0 < CR; i0 += kLoads * kThreads) {
-    float w[kLoads];
+    float w[kLoads], b[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       int const i = i0 + u * kThreads + tid;
       w[u] = i < CR ? w2[i] : 0.f;
+      b[u] = i < CR ? a.b2[i / R] : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
@@ -203,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
         float v = img < images ? w[u] * fmaxf(pre1[img * R + r_mine], 0.f) : 0.f;
         for (int off = R / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
         if (r_mine == 0 && i < CR && img < images) {
-          float const sig = 1.f / (1.f + __expf(-(v + a.b2[c])));
+          float const sig = 1.f / (1.f + __expf(-(v + b[u])));
           gate[img * C + c] = sig;
           d_gate[img * C + c] *= sig * (1.f - sig);
         }
