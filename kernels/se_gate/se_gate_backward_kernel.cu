@@ -11,8 +11,6 @@ constexpr int kThreads = 256;
 constexpr int kVec = 8;  // channels per 16-byte access
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxImagesPerCta = 8;
-constexpr int kMaxHidden = 32;  // R must divide 32: the excite loops reduce over R lanes
-constexpr int kLoads = 8;       // W2 loads in flight per thread in the excite loops
 
 __device__ float warp_sum(float v) {
 #pragma unroll
@@ -128,18 +126,18 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
 
 // ---- 2. the excite MLP's backward, kImages images per CTA -----------------------------------
 
-// Shared memory, in floats: per image and channel the squeeze, d_gate (then d_pre2) and the
-// gate, per image and hidden unit pre1 and d_pre1, and the per-warp partials of d_pre1.
+// Shared memory, in floats: W2 (C, R) with rows padded to R + 1 (conflict-free both by row,
+// thread per channel, and by column, lanes over the channels), then per image and channel
+// the squeeze and d_gate (then d_pre2), per image and hidden unit pre1 and relu(pre1).
 struct ExciteSmem {
-  int squeeze, d_gate, gate, pre1, d_pre1, partial, total;
+  int w2, squeeze, d_gate, pre1, hidden, total;
   __host__ __device__ ExciteSmem(int C, int R, int images) {
-    squeeze = 0;
+    w2 = 0;
+    squeeze = w2 + C * (R + 1);
     d_gate = squeeze + images * C;
-    gate = d_gate + images * C;
-    pre1 = gate + images * C;
-    d_pre1 = pre1 + images * R;
-    partial = d_pre1 + images * R;
-    total = partial + kWarps * images * R;
+    pre1 = d_gate + images * C;
+    hidden = pre1 + images * R;
+    total = hidden + images * R;
   }
 };
 
@@ -149,17 +147,18 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
   extern __shared__ float smem[];
   int const C = a.C, R = a.R;
   ExciteSmem const layout(C, R, kImages);
+  float* w2s = smem + layout.w2;           // [C][R + 1]
   float* squeeze = smem + layout.squeeze;  // [images][C]
   float* d_gate = smem + layout.d_gate;    // [images][C], then d_pre2
-  float* gate = smem + layout.gate;        // [images][C]
   float* pre1 = smem + layout.pre1;        // [images][R]
-  float* d_pre1 = smem + layout.d_pre1;    // [images][R]
-  float* partial = smem + layout.partial;  // [kWarps][images][R]
+  float* hidden = smem + layout.hidden;    // [images][R]
   int const tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   int const n0 = blockIdx.x * kImages;
   int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
   float const* __restrict__ w1 = a.w1;
   float const* __restrict__ w2 = a.w2;
+#pragma unroll 8
+  for (int i = tid; i < C * R; i += kThreads) w2s[(i / R) * (R + 1) + i % R] = w2[i];  // coalesced reads
   for (int i = tid; i < images * C; i += kThreads) {
     squeeze[i] = a.squeeze[size_t(n0) * C + i];
     d_gate[i] = a.d_gate[size_t(n0) * C + i];
@@ -186,83 +185,61 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
     }
 #pragma unroll
     for (int i = 0; i < kImages; ++i) {
-      float const d = warp_sum(dot[i]);
-      if (lane == 0 && i < images) pre1[i * R + r] = d + bias;
-    }
-  }
-  __syncthreads();
-
-  // pre2 = W2 hidden + b2, the sigmoid and d_pre2 = d_gate * gate * (1 - gate).  W2 (C, R)
-  // is read flat and coalesced, kLoads loads in flight per thread (with b2: a load inside
-  // the loop below would be waited for once per image): R consecutive lanes hold one
-  // channel's row (R divides 32), reduced by shuffles.  Same trip count in every warp.
-  int const CR = C * R;
-  int const r_mine = tid % R;  // kThreads is a multiple of R: each thread keeps one r
-  for (int i0 = 0; i0 < CR; i0 += kLoads * kThreads) {
-    float w[kLoads], b[kLoads];
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      int const i = i0 + u * kThreads + tid;
-      w[u] = i < CR ? w2[i] : 0.f;
-      b[u] = i < CR ? a.b2[i / R] : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      int const i = i0 + u * kThreads + tid, c = i / R;
-#pragma unroll
-      for (int img = 0; img < kImages; ++img) {
-        float v = img < images ? w[u] * fmaxf(pre1[img * R + r_mine], 0.f) : 0.f;
-        for (int off = R / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (r_mine == 0 && i < CR && img < images) {
-          float const sig = 1.f / (1.f + __expf(-(v + b[u])));
-          gate[img * C + c] = sig;
-          d_gate[img * C + c] *= sig * (1.f - sig);
-        }
+      float const d = warp_sum(dot[i]) + bias;
+      if (lane == 0 && i < images) {
+        pre1[i * R + r] = d;
+        hidden[i * R + r] = fmaxf(d, 0.f);
       }
     }
   }
   __syncthreads();
-  for (int i = tid; i < images * C; i += kThreads) {
-    a.gate[size_t(n0) * C + i] = gate[i];
-    a.d_pre2[size_t(n0) * C + i] = d_gate[i];
-  }
 
-  // d_pre1 = (d_pre2 W2) * (pre1 > 0): the same flat walk over W2, each thread summing its r;
-  // then over the lanes of a warp with the same r (shuffles), then over the warps.
-  float acc[kImages] = {};
-  for (int i0 = 0; i0 < CR; i0 += kLoads * kThreads) {
-    float w[kLoads];
+  // pre2 = W2 hidden + b2 per channel (a thread each), the gate, d_pre2 = d_gate * gate * (1 - gate).
+  for (int c = tid; c < C; c += kThreads) {
+    float const bias = a.b2[c];
+    float dot[kImages];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      int const i = i0 + u * kThreads + tid;
-      w[u] = i < CR ? w2[i] : 0.f;
+    for (int i = 0; i < kImages; ++i) dot[i] = bias;
+    for (int r = 0; r < R; ++r) {
+      float const w = w2s[c * (R + 1) + r];
+#pragma unroll
+      for (int i = 0; i < kImages; ++i) dot[i] += w * hidden[i * R + r];
     }
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      int const c = min((i0 + u * kThreads + tid) / R, C - 1);  // w[u] is 0 past the end
-#pragma unroll
-      for (int img = 0; img < kImages; ++img)
-        if (img < images) acc[img] += w[u] * d_gate[img * C + c];
+    for (int i = 0; i < kImages; ++i) {
+      if (i < images) {
+        float const sig = 1.f / (1.f + __expf(-dot[i]));
+        float const dp2 = d_gate[i * C + c] * sig * (1.f - sig);
+        d_gate[i * C + c] = dp2;
+        a.gate[size_t(n0 + i) * C + c] = sig;
+        a.d_pre2[size_t(n0 + i) * C + c] = dp2;
+      }
     }
   }
+  __syncthreads();
+
+  // d_pre1 = (d_pre2 W2) * (pre1 > 0): a warp per hidden unit, lanes over the channels.
+  for (int r = warp; r < R; r += kWarps) {
+    float dot[kImages] = {};
+    for (int c = lane; c < C; c += 32) {
+      float const w = w2s[c * (R + 1) + r];
 #pragma unroll
-  for (int img = 0; img < kImages; ++img) {
-    float v = acc[img];
-    for (int off = 16; off >= R; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane < R) partial[(warp * kImages + img) * R + lane] = v;
+      for (int i = 0; i < kImages; ++i) dot[i] += w * d_gate[i * C + c];
+    }
+#pragma unroll
+    for (int i = 0; i < kImages; ++i) {
+      float const d = warp_sum(dot[i]);
+      if (lane == 0 && i < images) {
+        float const dp1 = pre1[i * R + r] > 0.f ? d : 0.f;
+        pre1[i * R + r] = dp1;  // pre1 is d_pre1 from here on
+        a.d_pre1[size_t(n0 + i) * R + r] = dp1;
+        a.hidden[size_t(n0 + i) * R + r] = hidden[i * R + r];
+      }
+    }
   }
   __syncthreads();
-  for (int t = tid; t < images * R; t += kThreads) {
-    int const img = t / R, r = t % R;
-    float s = 0.f;
-    for (int w = 0; w < kWarps; ++w) s += partial[(w * kImages + img) * R + r];
-    float const p1 = pre1[img * R + r];
-    float const dp1 = p1 > 0.f ? s : 0.f;
-    d_pre1[img * R + r] = dp1;
-    a.d_pre1[size_t(n0 + img) * R + r] = dp1;
-    a.hidden[size_t(n0 + img) * R + r] = fmaxf(p1, 0.f);
-  }
-  __syncthreads();
+  float const* d_pre1 = pre1;
+
   // d_squeeze = d_pre1 W1 (coalesced over the channels), divided by H*W.
   float const inv_hw = 1.f / (a.H * a.W);
   for (int c = tid; c < C; c += kThreads) {
@@ -271,12 +248,11 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
     for (int r = 0; r < R; ++r) {
       float const w = w1[size_t(r) * C + c];
 #pragma unroll
-      for (int img = 0; img < kImages; ++img)
-        if (img < images) s[img] += d_pre1[img * R + r] * w;
+      for (int i = 0; i < kImages; ++i) s[i] += d_pre1[i * R + r] * w;
     }
 #pragma unroll
-    for (int img = 0; img < kImages; ++img)
-      if (img < images) a.d_squeeze[size_t(n0 + img) * C + c] = s[img] * inv_hw;
+    for (int i = 0; i < kImages; ++i)
+      if (i < images) a.d_squeeze[size_t(n0 + i) * C + c] = s[i] * inv_hw;
   }
 }
 
@@ -344,13 +320,13 @@ size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta) {
   return sizeof(float) * ExciteSmem(C, R, images_per_cta).total;
 }
 
-bool se_gate_backward_supported(int C, int R) {
-  return C % kVec == 0 && C <= kVec * kThreads && R >= 1 && R <= kMaxHidden && kMaxHidden % R == 0;
+bool se_gate_backward_supported(int C, int R, size_t max_smem_bytes) {
+  return C % kVec == 0 && C <= kVec * kThreads && R >= 1 && se_gate_backward_smem_bytes(C, R, 1) <= max_smem_bytes;
 }
 
 int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes) {
-  // The excite kernel reads W1 and W2 three times per CTA: group as many images as leave a
-  // CTA for every SM (and fit in shared memory).
+  // Each excite CTA reads W1 twice and stages W2: group as many images as still leave a CTA
+  // for every SM (and fit in shared memory).
   int images = 1;
   while (images < kMaxImagesPerCta && N / (2 * images) >= num_sms &&
          se_gate_backward_smem_bytes(C, R, 2 * images) <= max_smem_bytes) {

@@ -47,14 +47,14 @@ struct SeGateBackwardArgs {
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
-// Whether the kernels take C channels and R hidden units: C % 8 == 0, C <= 2048, and R
-// dividing 32 (the excite loops reduce over groups of R lanes).  Otherwise the op runs ATen.
-bool se_gate_backward_supported(int C, int R);
+// Whether the kernels take C channels and R hidden units: C % 8 == 0, C <= 2048, and W2
+// fits in shared memory (C * (R + 1) floats and a little more).  Otherwise the op runs ATen.
+bool se_gate_backward_supported(int C, int R, size_t max_smem_bytes);
 
-// Shared memory the excite kernel needs (bytes); the op falls back to ATen above the limit.
+// Shared memory the excite kernel needs (bytes).
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta);
 
-// Images per excite CTA (1, 2, 4 or 8): as many as still leave a CTA for every SM.
+// Images per excite CTA (1, 2, 4 or 8): as many as still leave a CTA for every SM and fit.
 int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes);
 
 // Requirements: se_gate_backward_supported(C, R), 16-byte aligned 16-bit tensors and W1.

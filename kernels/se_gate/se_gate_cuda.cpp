@@ -80,9 +80,9 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   int const num_sms = multiprocessor_count(dev);
   int const images_per_cta = se_gate_backward_images_per_cta(h.size(0), C, R, num_sms, max_smem);
-  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && se_gate_backward_supported(C, R) &&
+  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && se_gate_backward_supported(C, R, max_smem) &&
                      aligned16(go) && aligned16(hc) && aligned16(oc) && (!gp.defined() || aligned16(gp)) &&
-                     h.numel() < INT32_MAX && se_gate_backward_smem_bytes(C, R, images_per_cta) <= max_smem;
+                     h.numel() < INT32_MAX;
   if (!kernel_fits || h.numel() == 0) {
     return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
   }

@@ -86,7 +86,8 @@ def _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias
     ((3, 64, 16, 16), True), ((2, 24, 9, 7), True), ((5, 512, 2, 2), False), ((1, 8, 1, 1), True),
     ((4, 128, 8, 8), False),
     ((2115, 512, 2, 2), False),  # large batch of small images: 2-8 images per CTA, the last CTA partial
-    ((3, 12, 5, 5), True), ((2, 48, 6, 6), True)])  # C % 8 != 0, R = 3 (not dividing 32): ATen
+    ((3, 12, 5, 5), True),  # C % 8 != 0: ATen
+    ((2, 48, 6, 6), True)])  # an odd hidden width (R = 3)
 @pytest.mark.parametrize("with_post_bias", [True, False])
 def test_se_gate_backward(device, dtype, shape, pooled, with_post_bias, rng):
     n, c, hh, ww = shape
