@@ -1,4 +1,4 @@
-"""FusedResNet: SE-ResNet9-FixUp from fused kernels (forward; the backward: cuDNN + two kernels).
+"""FusedResNet: SE-ResNet9-FixUp from fused kernels (forward; the backward: cuDNN dgrad/wgrad + our kernels).
 
 Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``; only
 the forward differs.  Per forward (16 kernels):
@@ -65,9 +65,10 @@ class FusedResNet(SEResNet9FixUp):
 
     ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
     output tensor is then reused by the next call of that shape: clone it to keep it).
-    Training works (cutlass_ops/autograd.py: cuDNN dgrad/wgrad and two small CUDA kernels,
-    not fused CUTLASS backward kernels yet).  FixUp scalars and SE weights stay float32 whatever the model dtype:
-    they are tiny and the kernels use them in float32.
+    Training works (cutlass_ops/autograd.py: cuDNN dgrad/wgrad, our kernels for the
+    epilogues' and the SE gate's backward; not fused CUTLASS dgrad/wgrad kernels yet).
+    FixUp scalars and SE weights stay float32 whatever the model dtype: they are tiny and
+    the kernels use them in float32.
     """
 
     def __init__(self, in_channels: int = 3, base_planes: int = 64, graph: bool = False):
