@@ -98,10 +98,11 @@ def _conv_backward(ctx, grad):
             g.to(conv_dtype), x.to(conv_dtype), w_dgrad.to(conv_dtype), None, ctx.stride,
             ctx.padding, [1, 1], False, [0, 0], 1, [needs[0], needs[1] or want_scale, False])
         if wgrad is not None:
+            wgrad_acc = wgrad.to(acc) if s is not None else None  # converted once, used twice
             if want_scale:
-                grad_scale = _grad_as((wgrad.to(acc) * w.to(acc)).sum(), scale_meta)
+                grad_scale = _grad_as((wgrad_acc * w.to(acc)).sum(), scale_meta)
             if needs[1]:
-                grad_w = wgrad if s is None else wgrad.to(acc) * s
+                grad_w = wgrad if s is None else wgrad_acc * s
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 
