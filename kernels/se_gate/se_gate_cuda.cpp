@@ -113,10 +113,11 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   a.programmatic_launch = programmatic_launch_allowed(dev);
   cudaError_t err = launch_se_gate_backward(a, images_per_cta, num_sms, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
-  // The batch reductions: (N, C)-sized, a few small GEMMs.
+  // The batch reductions: (N, C)-sized, a few small GEMMs.  W1's as (squeeze^T d_pre1)^T:
+  // cuBLAS ran d_pre1^T squeeze at N=512, R=8, C=128 in 53 us instead of 12 (H100).
   // (Two separate sums: an op's outputs must not share storage.)
-  return {grad_h, grad_identity, at::mm(d_pre1.t(), squeeze), d_pre1.sum(0), at::mm(d_pre2.t(), hidden),
-          d_pre2.sum(0), sums.select(1, 1).sum(), sums.select(1, 0).sum()};
+  return {grad_h, grad_identity, at::mm(squeeze.t(), d_pre1).t().contiguous(), d_pre1.sum(0),
+          at::mm(d_pre2.t(), hidden), d_pre2.sum(0), sums.select(1, 1).sum(), sums.select(1, 0).sum()};
 }
 
 }  // namespace se_gate
