@@ -11,8 +11,8 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     gradient and sums it before and after the mask (the FixUp biases' gradients).
   - se_gate: its whole backward (the fused AvgPool2d's gradient, the ReLU mask, the
     squeeze and gate recomputed, the excite MLP's backward, grad_h and grad_identity) in
-    one se_gate_backward kernel, one CTA per image; the batch sums of the excite weights'
-    gradients as small GEMMs.
+    the se_gate_backward op: three kernels (a pass per image, the MLP's backward for 1-8
+    images per CTA, a grad_h pass) and the batch sums of the excite weights' gradients.
   - The conv's dgrad and wgrad: one aten.convolution_backward (cuDNN on CUDA, in the
     activations' dtype with float32 accumulation, as PyTorch's own backward).  The FixUp
     scale's gradient sum(g * conv(x, w)) is taken as <w, wgrad(g, x)>, so the conv is not

@@ -123,9 +123,10 @@ def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor]
     Returns ``(grad_h, grad_identity, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight,
     grad_fc2_bias, grad_identity_bias, grad_post_bias)``: the two maps in h's dtype
     (channels_last), the rest float32 (float64 for float64 h).  ``grad_pooled`` is None
-    without the fused pool.  fp16/bf16 on CUDA with C % 8 == 0 run one kernel (one CTA per
-    image: both passes and the excite MLP's backward) plus the batch reductions of the
-    weights' gradients; other cases run the ATen composite.
+    without the fused pool.  fp16/bf16 on CUDA with C % 8 == 0 and C <= 2048 run three
+    kernels (a pass per image for dy, the squeeze and sum(dy * h); the excite MLP's backward
+    for 1-8 images per CTA; a grad_h pass) plus the batch reductions of the weights'
+    gradients; other cases run the ATen composite.
     """
     return torch.ops.cutlass_ops.se_gate_backward(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias,
                                                   fc2_weight, fc2_bias, _as_tensor(post_bias, h))

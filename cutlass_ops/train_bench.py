@@ -6,8 +6,8 @@ running the reference module, CUDA-event medians and peak memory, in one run.
 A step is: gradients set to None, forward, loss = mean(out^2) in float32, backward.  The
 optimizer update is left out (it is the same for every system).  FusedResNet's backward:
 cuDNN dgrad/wgrad plus our kernels for the epilogues and se_gate (cutlass_ops/autograd.py),
-not fused CUTLASS dgrad/wgrad kernels yet.  Each row also records a per-kernel breakdown of one FusedResNet step
-(printed for the largest batch).
+not fused CUTLASS dgrad/wgrad kernels yet.  Each row also records a per-kernel breakdown of
+one FusedResNet step (printed for the largest batch).
 """
 from __future__ import annotations
 
