@@ -57,7 +57,7 @@ size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta);
 // Images per excite CTA (1, 2, 4 or 8): as many as still leave a CTA for every SM and fit.
 int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes);
 
-// Requirements: se_gate_backward_supported(C, R), 16-byte aligned 16-bit tensors and W1.
+// Requirements: se_gate_backward_supported(C, R, ...), 16-byte aligned 16-bit tensors and W1.
 // Returns the first launch error.
 cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
                                     cudaStream_t stream);

@@ -73,19 +73,19 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
   auto dtype = h.scalar_type();
   int64_t const C = h.size(1), R = w1.size(0);
+  int const dev = h.device().index();
+  size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  auto fallback = [&] { return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias); };
+  if ((dtype != at::kHalf && dtype != at::kBFloat16) || !se_gate_backward_supported(C, R, max_smem) ||
+      h.numel() == 0 || h.numel() >= INT32_MAX) {
+    return fallback();  // decided before the layout copies below, which it does not need
+  }
   auto const cl = at::MemoryFormat::ChannelsLast;
   at::Tensor go = grad_out.contiguous(cl), hc = h.contiguous(cl), oc = out.contiguous(cl);
   at::Tensor gp = grad_pooled ? grad_pooled->contiguous(cl) : at::Tensor();
-  int const dev = h.device().index();
-  size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (!aligned16(go) || !aligned16(hc) || !aligned16(oc) || (gp.defined() && !aligned16(gp))) return fallback();
   int const num_sms = multiprocessor_count(dev);
   int const images_per_cta = se_gate_backward_images_per_cta(h.size(0), C, R, num_sms, max_smem);
-  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && se_gate_backward_supported(C, R, max_smem) &&
-                     aligned16(go) && aligned16(hc) && aligned16(oc) && (!gp.defined() || aligned16(gp)) &&
-                     h.numel() < INT32_MAX;
-  if (!kernel_fits || h.numel() == 0) {
-    return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
-  }
   c10::cuda::CUDAGuard guard(h.device());
   auto grad_h = at::empty(h.sizes(), h.options().memory_format(cl));
   auto grad_identity = at::empty(h.sizes(), h.options().memory_format(cl));
