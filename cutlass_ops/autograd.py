@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import relu_backward, se_gate_backward
+from .ops import conv2d_dgrad, conv2d_wgrad, relu_backward, se_gate_backward
 
 
 def _accumulate_dtype(t: torch.Tensor) -> torch.dtype:
@@ -78,7 +78,7 @@ def _conv_backward(ctx, grad):
     x, w, scale, post_bias, out = ctx.saved_tensors
     x_meta, w_meta, bias_meta, residual_meta, scale_meta, post_meta = ctx.metas
     needs = ctx.needs
-    acc, conv_dtype = _accumulate_dtype(x), _conv_dtype(x)
+    acc = _accumulate_dtype(x)
     scalar_bias = bias_meta is not None and len(bias_meta[0]) == 0
     g, sum_grad, sum_g = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc,
                                             want_sums=needs[5] or (needs[2] and scalar_bias))
@@ -89,20 +89,17 @@ def _conv_backward(ctx, grad):
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
     want_scale = scale is not None and needs[4]
     grad_x = grad_w = grad_scale = None
-    if needs[0] or needs[1] or want_scale:
-        # d/dx of s*conv(x, w) is dgrad(g, s*w); wgrad(g, x) = G gives dw = s*G and
-        # ds = sum(g * conv(x, w)) = <w, G>.
-        s = scale.to(acc).reshape(()) if scale is not None else None
-        w_dgrad = w.to(acc) * s if s is not None else w
-        grad_x, wgrad, _ = torch.ops.aten.convolution_backward(
-            g.to(conv_dtype), x.to(conv_dtype), w_dgrad.to(conv_dtype), None, ctx.stride,
-            ctx.padding, [1, 1], False, [0, 0], 1, [needs[0], needs[1] or want_scale, False])
-        if wgrad is not None:
-            wgrad_acc = wgrad.to(acc) if s is not None else None  # converted once, used twice
-            if want_scale:
-                grad_scale = _grad_as((wgrad_acc * w.to(acc)).sum(), scale_meta)
-            if needs[1]:
-                grad_w = wgrad if s is None else wgrad_acc * s
+    g = g.to(x.dtype)
+    if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
+        grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
+    if needs[1] or want_scale:
+        # wgrad(g, x) = G (float32) gives dw = s*G and ds = sum(g * conv(x, w)) = <w, G>,
+        # so the conv is not recomputed.
+        wgrad = conv2d_wgrad(g, x, w.shape, ctx.stride, ctx.padding)
+        if want_scale:
+            grad_scale = _grad_as((wgrad * w.to(wgrad.dtype)).sum(), scale_meta)
+        if needs[1]:
+            grad_w = wgrad if scale is None else wgrad * scale.to(wgrad.dtype).reshape(())
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 

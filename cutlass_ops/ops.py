@@ -15,7 +15,7 @@ def _pair(v: Union[int, Sequence[int]], name: str) -> list[int]:
         return [v, v]
     v = list(v)
     if len(v) != 2 or not all(isinstance(i, int) for i in v):
-        raise ValueError(f"conv2d_fused: {name} must be an int or two ints, got {v}")
+        raise ValueError(f"{name} must be an int or two ints, got {v}")
     return v
 
 
@@ -189,3 +189,56 @@ def _space_to_depth_conv_fake(input, weight, post_bias=None, relu=False):
                  lambda: "space_to_depth_conv: weight must have 16 * C input channels")
     n, _, h, w = input.shape
     return input.new_empty((n, weight.shape[0], h // 4, w // 4)).contiguous(memory_format=torch.channels_last)
+
+
+def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Sequence[int],
+                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                 scale: Scalar = None) -> torch.Tensor:
+    """``scale * dL/dx`` of ``y = conv2d(x, weight, stride, padding)`` given ``dL/dy``.
+
+    grad_output (N, K, P, Q), weight (K, C, R, S), input_size = x's (N, C, H, W).  fp16/bf16
+    on an sm80+ GPU with C and K multiples of 8 run a generated CUTLASS dgrad kernel
+    (unity-stride or strided; the scale is read on the device in its epilogue); other
+    cases ATen (cuDNN on CUDA).  Returns (N, C, H, W) in grad_output's dtype, channels_last.
+    """
+    return torch.ops.cutlass_ops.conv2d_dgrad(grad_output, weight, list(input_size), _pair(stride, "stride"),
+                                              _pair(padding, "padding"), _as_tensor(scale, grad_output))
+
+
+def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight_size: Sequence[int],
+                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0) -> torch.Tensor:
+    """``dL/dw`` of ``y = conv2d(input, w, stride, padding)`` given ``dL/dy``, in float32
+    (float64 for float64 input): not rounded to 16 bits.
+
+    fp16/bf16 on an sm80+ GPU with C and K multiples of 8 run a generated CUTLASS wgrad
+    kernel, split over N*P*Q into float32 partial sums that one ATen sum adds up; other
+    cases ATen (cuDNN on CUDA).  Returns (K, C, R, S) in channels_last memory.
+    """
+    return torch.ops.cutlass_ops.conv2d_wgrad(grad_output, input, list(weight_size), _pair(stride, "stride"),
+                                              _pair(padding, "padding"))
+
+
+def conv2d_backward_last_kernel() -> str:
+    """The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": ATen)."""
+    return torch.ops.cutlass_ops.conv2d_backward_last_kernel()
+
+
+def _conv_output_size(input_size, weight_size, stride, padding):
+    n, _, h, w = input_size
+    k, _, r, s = weight_size
+    return n, k, (h + 2 * padding[0] - r) // stride[0] + 1, (w + 2 * padding[1] - s) // stride[1] + 1
+
+
+@torch.library.register_fake("cutlass_ops::conv2d_dgrad")
+def _conv2d_dgrad_fake(grad_output, weight, input_size, stride=(1, 1), padding=(0, 0), scale=None):
+    torch._check(tuple(grad_output.shape) == _conv_output_size(input_size, weight.shape, stride, padding),
+                 lambda: "conv2d_dgrad: grad_output shape is not the conv's output shape")
+    return grad_output.new_empty(list(input_size)).contiguous(memory_format=torch.channels_last)
+
+
+@torch.library.register_fake("cutlass_ops::conv2d_wgrad")
+def _conv2d_wgrad_fake(grad_output, input, weight_size, stride=(1, 1), padding=(0, 0)):
+    torch._check(tuple(grad_output.shape) == _conv_output_size(input.shape, weight_size, stride, padding),
+                 lambda: "conv2d_wgrad: grad_output shape is not the conv's output shape")
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    return input.new_empty(list(weight_size), dtype=acc).contiguous(memory_format=torch.channels_last)

@@ -58,7 +58,7 @@ struct Candidate {
   long long ctas;  // threadblocks this kernel would launch for the problem
 };
 
-// The order the dispatcher tries kernels of equal fit in (see the .cpp); exposed for tests.
+// The order the dispatcher tries kernels of equal fit in (common/tile_order.h); exposed for tests.
 void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long long gemm_m, int gemm_n);
 
 // Serial split-K slices for kernel `e` on `a` (1 = no split) when no profile says; see the .cpp.

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     # Imported here so that --help works without the nvidia-cutlass wheel.
-    from .emitter import emit_dispatch_table, emit_instance
+    from .emitter import dgrad_variants, emit_backward_dispatch_table, emit_dispatch_table, emit_instance
 
     instances, texts, rules = [], {}, []
     for key in instance_keys(args.archs, args.kernels):
@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.kernels == "sweep" and key.family == 80 and key.dtype == "f16" and key.alignment == 8:
             tiles += [t for t in SWEEP_TILES if t not in tiles]
         for tile in tiles:
-            inst, text = emit_instance(key, tile, origin)
-            instances.append(inst)
-            texts[inst.source] = text
+            for strided_dgrad in dgrad_variants(key):
+                inst, text = emit_instance(key, tile, origin, strided_dgrad)
+                instances.append(inst)
+                texts[inst.source] = text
         rules += [(key, rule) for rule in key_rules]
 
     for inst in instances:
@@ -65,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
         write_if_changed(args.out / name, text)
-    write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(instances, rules))
+    fprop = [i for i in instances if i.conv_kind == "fprop"]
+    backward = [i for i in instances if i.conv_kind != "fprop"]
+    write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(fprop, rules))
+    write_if_changed(args.out / "conv2d_backward_dispatch_table.cpp", emit_backward_dispatch_table(backward))
 
     by_family: dict[int, list[str]] = {}
     for inst in instances:
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         files = " ".join(f'"{f}"' for f in by_family.get(family, []))
         lines.append(f"set(CUTLASS_OPS_INSTANCES_SM{family} {files})")
     lines.append(f'set(CUTLASS_OPS_DISPATCH_TABLE "{args.out / "conv2d_fused_dispatch_table.cpp"}")')
+    lines.append(f'set(CUTLASS_OPS_BACKWARD_DISPATCH_TABLE "{args.out / "conv2d_backward_dispatch_table.cpp"}")')
     write_if_changed(args.out / "instances.cmake", "\n".join(lines) + "\n")
     print(f"cutlass_ops_gen: {len(instances)} kernel instances, {len(rules)} profile rules in {args.out}")
     return 0

@@ -6,6 +6,11 @@ alias.  Two adjustments make it emit our fused kernels:
     list), whose epilogue also streams a per-output-channel vector (the bias);
   * our epilogue functor is registered in its ``EpilogueFunctorTag`` table.
 Its ``procedural_name()`` leaves the epilogue (and the op) out, so names are ours.
+
+The backward families (conv2d_dgrad, conv2d_wgrad) keep the stock ``DefaultConv2dDgrad`` /
+``DefaultConv2dWgrad`` kernels and ``LinearCombination``; dgrad comes as a unity-stride
+kernel and a strided one (CUTLASS's strided-dgrad kernel with its own swizzle, which runs
+one sub-GEMM per stride phase instead of multiplying the zeros a stride inserts).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from cutlass_library import library as cl
 from cutlass_library.conv2d_operation import Conv2dOperation, EmitConv2dInstance
 
-from .manifest import CONV2D_FUSED, InstanceKey
+from .manifest import CONV2D_FUSED, OP_FAMILY, InstanceKey
 from .tiles import Tile
 
 _DTYPE = {"f16": cl.DataType.f16, "bf16": cl.DataType.bf16}
@@ -37,31 +42,58 @@ def _math_instruction(family: int, dtype: str) -> cl.MathInstruction:
                               cl.OpcodeClass.TensorOp, cl.MathOperation.multiply_add)
 
 
-def kernel_name(key: InstanceKey, tile: Tile) -> str:
-    """Unique C++ name: op, dtype, family, tile, alignment (profiles match on this too)."""
-    return f"cutlass_ops_{key.op}_{key.dtype}_sm{key.family}_{tile.name}_align{key.alignment}"
+def kernel_name(key: InstanceKey, tile: Tile, strided_dgrad: bool | None = None) -> str:
+    """Unique C++ name: op, dtype, family, tile, [dgrad stride support,] alignment
+    (profiles match on this too)."""
+    variant = "" if strided_dgrad is None else ("_strided" if strided_dgrad else "_unity")
+    return f"cutlass_ops_{key.op}_{key.dtype}_sm{key.family}_{tile.name}{variant}_align{key.alignment}"
 
 
-def conv2d_operation(key: InstanceKey, tile: Tile) -> Conv2dOperation:
+def conv_kind(key: InstanceKey) -> str:
+    return OP_FAMILY[key.op].conv_kind
+
+
+def dgrad_variants(key: InstanceKey) -> list[bool | None]:
+    """Per tile: [False, True] (unity-stride and strided kernels) for dgrad, else [None]."""
+    return [False, True] if conv_kind(key) == "dgrad" else [None]
+
+
+def conv2d_operation(key: InstanceKey, tile: Tile, strided_dgrad: bool | None = None) -> Conv2dOperation:
     math = _math_instruction(key.family, key.dtype)
     td = cl.TileDescription(list(tile.threadblock), tile.stages, list(tile.warps), math,
                             key.family, 1024)
     element = _DTYPE[key.dtype]
     a = cl.TensorDescription(element, cl.LayoutType.TensorNHWC, key.alignment)
     b = cl.TensorDescription(element, cl.LayoutType.TensorNHWC, key.alignment)
-    c = cl.TensorDescription(element, cl.LayoutType.TensorNHWC, key.alignment)
-    return Conv2dOperation(cl.ConvKind.Fprop, _ITERATOR[tile.iterator], key.family, td, a, b, c,
+    kind = conv_kind(key)
+    if kind == "fprop":
+        c = cl.TensorDescription(element, cl.LayoutType.TensorNHWC, key.alignment)
+        return Conv2dOperation(cl.ConvKind.Fprop, _ITERATOR[tile.iterator], key.family, td, a, b, c,
+                               cl.DataType.f32, cl.StrideSupport.Strided,
+                               epilogue_functor=FusedEpilogue.CONV2D_FUSED,
+                               swizzling_functor=cl.SwizzlingFunctor.Identity4)
+    if kind == "dgrad":
+        c = cl.TensorDescription(element, cl.LayoutType.TensorNHWC, key.alignment)
+        stride = cl.StrideSupport.Strided if strided_dgrad else cl.StrideSupport.Unity
+        swizzle = cl.SwizzlingFunctor.StridedDgradIdentity1 if strided_dgrad else cl.SwizzlingFunctor.Identity4
+        return Conv2dOperation(cl.ConvKind.Dgrad, _ITERATOR[tile.iterator], key.family, td, a, b, c,
+                               cl.DataType.f32, stride, epilogue_functor=cl.EpilogueFunctor.LinearCombination,
+                               swizzling_functor=swizzle)
+    # wgrad: float32 output (4 floats per 128-bit access), so dw is not rounded to 16 bits.
+    c = cl.TensorDescription(cl.DataType.f32, cl.LayoutType.TensorNHWC, 4)
+    return Conv2dOperation(cl.ConvKind.Wgrad, _ITERATOR[tile.iterator], key.family, td, a, b, c,
                            cl.DataType.f32, cl.StrideSupport.Strided,
-                           epilogue_functor=FusedEpilogue.CONV2D_FUSED,
+                           epilogue_functor=cl.EpilogueFunctor.LinearCombination,
                            swizzling_functor=cl.SwizzlingFunctor.Identity4)
 
 
-def _emitter() -> EmitConv2dInstance:
+def _emitter(kind: str = "fprop") -> EmitConv2dInstance:
     em = EmitConv2dInstance()
     default = "cutlass::conv::kernel::DefaultConv2d${conv_kind_name}<"
     if default not in em.template:
         raise RuntimeError("cutlass_library's conv2d template changed; update emitter.py")
-    em.template = em.template.replace(default, "cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<")
+    if kind == "fprop":
+        em.template = em.template.replace(default, "cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<")
     return em
 
 
@@ -72,6 +104,11 @@ class Instance:
     name: str
     source: str          # file name inside the output directory
     tile_origin: str     # "default" or "profile <gpu>"
+    strided_dgrad: bool | None = None  # dgrad only: the strided kernel (else unity stride)
+
+    @property
+    def conv_kind(self) -> str:
+        return conv_kind(self.key)
 
 
 _INSTANCE_TEMPLATE = """\
@@ -93,12 +130,65 @@ cutlass::Status {name}(Conv2dFusedArgs const& args, cudaStream_t stream) {{
 """
 
 
-def emit_instance(key: InstanceKey, tile: Tile, origin: str) -> tuple[Instance, str]:
-    op = conv2d_operation(key, tile)
-    name = kernel_name(key, tile)
-    emitted = _emitter().emit(op).replace(op.procedural_name(), name)
-    text = _INSTANCE_TEMPLATE.format(doc=CONV2D_FUSED.doc, origin=origin, emitted=emitted, name=name)
-    return Instance(key, tile, name, f"{name}.cu", origin), text
+_BACKWARD_INSTANCE_TEMPLATE = """\
+// Generated by cutlass_ops_gen from the op manifest; do not edit.
+// {doc}
+// tiles: {origin}
+#include "conv2d_backward/conv2d_backward_instance.cuh"
+
+{emitted}
+namespace cutlass_ops {{
+namespace conv2d_backward {{
+
+cutlass::Status {name}(Conv2dBackwardArgs const& args, cudaStream_t stream, bool query) {{
+  return run_instance<{name}_base>(args, stream, query);
+}}
+
+}}  // namespace conv2d_backward
+}}  // namespace cutlass_ops
+"""
+
+
+def emit_instance(key: InstanceKey, tile: Tile, origin: str,
+                  strided_dgrad: bool | None = None) -> tuple[Instance, str]:
+    op = conv2d_operation(key, tile, strided_dgrad)
+    name = kernel_name(key, tile, strided_dgrad)
+    kind = conv_kind(key)
+    emitted = _emitter(kind).emit(op).replace(op.procedural_name(), name)
+    template = _INSTANCE_TEMPLATE if kind == "fprop" else _BACKWARD_INSTANCE_TEMPLATE
+    text = template.format(doc=OP_FAMILY[key.op].doc, origin=origin, emitted=emitted, name=name)
+    return Instance(key, tile, name, f"{name}.cu", origin, strided_dgrad), text
+
+
+def emit_backward_dispatch_table(instances: list[Instance]) -> str:
+    """The C++ table of the dgrad/wgrad kernels (conv2d_backward_dispatch.cpp chooses)."""
+    decls = "\n".join(f"cutlass::Status {i.name}(Conv2dBackwardArgs const&, cudaStream_t, bool);"
+                      for i in instances)
+    rows = []
+    for i in instances:
+        m, n, k = i.tile.threadblock
+        kind = "ConvKind::kDgrad" if i.conv_kind == "dgrad" else "ConvKind::kWgrad"
+        rows.append(f'  {{"{i.name}", {kind}, {i.key.family}, {_DTYPE_ENUM[i.key.dtype]}, {i.key.alignment}, '
+                    f"{'true' if i.strided_dgrad else 'false'}, {m}, {n}, {k}, {i.tile.stages}, &{i.name}}},")
+    if not rows:
+        rows.append('  {"", ConvKind::kDgrad, 0, DType::kF16, 0, false, 0, 0, 0, 0, nullptr},')
+    return f"""\
+// Generated by cutlass_ops_gen; do not edit.  conv2d_backward_dispatch.cpp picks from it.
+#include "conv2d_backward/conv2d_backward_dispatch.h"
+
+namespace cutlass_ops {{
+namespace conv2d_backward {{
+
+{decls}
+
+const KernelEntry kKernels[] = {{
+{chr(10).join(rows)}
+}};
+const int kNumKernels = {len(instances)};
+
+}}  // namespace conv2d_backward
+}}  // namespace cutlass_ops
+"""
 
 
 def emit_dispatch_table(instances: list[Instance], rules: list = ()) -> str:

@@ -13,6 +13,10 @@ Kernel sets:
   ``sweep`` - ``all`` plus the profiler's candidate tiles (tiles.SWEEP_TILES) for fp16,
             alignment 8: what ``python -m cutlass_ops profile`` measures.
 Family 70 has fp16 only (Volta has no bf16 tensor cores) and alignment 8 only.
+
+The conv backward families (conv2d_dgrad, conv2d_wgrad; the training path) are built for
+family 80 at alignment 8 only, in every kernel set; other shapes and GPUs take the ATen
+(cuDNN) composite.
 """
 from __future__ import annotations
 
@@ -43,19 +47,45 @@ def arch_families(archs: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class OpFamily:
-    """One fused op family: its name in the dispatch table and which epilogue it uses."""
+    """One op family: its name in the dispatch tables, the CUTLASS conv kind, the epilogue,
+    and which arch families / channel alignments it is instantiated for (None: all)."""
     name: str
+    conv_kind: str  # "fprop", "dgrad" or "wgrad"
     epilogue: str
     doc: str
+    families: tuple[int, ...] | None = None
+    alignments: tuple[int, ...] | None = None
 
 
 CONV2D_FUSED = OpFamily(
     name="conv2d_fused",
+    conv_kind="fprop",
     epilogue="cutlass_ops::epilogue::FusedConvEpilogue",
     doc="implicit-GEMM conv2d fprop, NHWC, y = act(scale*conv + bias [+ residual]) + post_bias",
 )
 
-OP_FAMILIES = (CONV2D_FUSED,)
+# The training path's convs.  Stock LinearCombination epilogues: dgrad's alpha is read from
+# a device pointer (the FixUp scale), wgrad writes float32 partial sums per split-K slice.
+CONV2D_DGRAD = OpFamily(
+    name="conv2d_dgrad",
+    conv_kind="dgrad",
+    epilogue="cutlass::epilogue::thread::LinearCombination",
+    doc="implicit-GEMM conv2d dgrad, NHWC, dx = scale * dgrad(dy, w)",
+    families=(80,),
+    alignments=(8,),
+)
+
+CONV2D_WGRAD = OpFamily(
+    name="conv2d_wgrad",
+    conv_kind="wgrad",
+    epilogue="cutlass::epilogue::thread::LinearCombination",
+    doc="implicit-GEMM conv2d wgrad, NHWC, float32 dw (one partial sum per split-K slice)",
+    families=(80,),
+    alignments=(8,),
+)
+
+OP_FAMILIES = (CONV2D_FUSED, CONV2D_DGRAD, CONV2D_WGRAD)
+OP_FAMILY = {op.name: op for op in OP_FAMILIES}
 
 
 @dataclass(frozen=True)
@@ -81,7 +111,9 @@ def instance_keys(archs: list[int], kernel_set: str) -> list[InstanceKey]:
         else:
             alignments = (8, 1) if kernel_set == "ci" else ALIGNMENTS
         for op in OP_FAMILIES:
+            if op.families is not None and family not in op.families:
+                continue
             for dtype in dtypes:
-                for alignment in alignments:
+                for alignment in op.alignments or alignments:
                     keys.append(InstanceKey(op.name, family, dtype, alignment))
     return keys

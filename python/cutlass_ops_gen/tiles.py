@@ -7,6 +7,10 @@ profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
 The ``sweep`` kernel set adds SWEEP_TILES (fp16 and bf16, alignment 8) for the profiler.
+Backward (family 80, alignment 8; not profiled yet, so the dispatcher picks by occupancy):
+  conv2d_dgrad : the fprop defaults, each as a unity-stride and a strided kernel
+  conv2d_wgrad : 128x128x32 3-stage and 64x128x32 4-stage (GEMM M = K = 64..512 output
+                 channels; parallel split-K over N*P*Q supplies the threadblocks)
 
 A profile is a CSV in the CUTLASS profiler's conv2d column layout (profiles/README.md):
 ours (``python -m cutlass_ops profile``) or a real ``cutlass_profiler`` conv2d output.
@@ -25,7 +29,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .manifest import InstanceKey
+from .manifest import OP_FAMILY, InstanceKey
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Rule:
 
 
 def default_tiles(key: InstanceKey) -> list[Tile]:
+    if OP_FAMILY[key.op].conv_kind == "wgrad":
+        return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((64, 128, 32), (2, 2, 1), 4)]
     if key.family == 70:
         return [Tile((128, 64, 32), (2, 2, 1), 2), Tile((128, 128, 32), (2, 2, 1), 2)]
     if key.alignment == 1:
@@ -178,7 +184,7 @@ def profile_files(profiles_dir: Path, family: int) -> list[Path]:
 def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile], list[Rule], str]:
     """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
     tiles = default_tiles(key)
-    if profiles_dir is None:
+    if profiles_dir is None or OP_FAMILY[key.op].conv_kind != "fprop":  # profiles are fprop rows
         return tiles, [], "default"
     rows: list[dict] = []
     sources = []

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from cutlass_ops_gen.__main__ import main as generate, parse_archs
-from cutlass_ops_gen.emitter import emit_instance, kernel_name
+from cutlass_ops_gen.emitter import dgrad_variants, emit_instance, kernel_name
 from cutlass_ops_gen.manifest import InstanceKey, arch_families, instance_keys
 from cutlass_ops_gen.tiles import Problem, Tile, default_tiles, select_tiles
 
@@ -51,7 +51,8 @@ def test_instance_keys_ci_is_small_and_volta_is_f16_align8():
 
 
 def test_names_are_unique_and_carry_op_dtype_alignment():
-    names = [kernel_name(k, t) for k in instance_keys([70, 80], "all") for t in default_tiles(k)]
+    names = [kernel_name(k, t, v) for k in instance_keys([70, 80], "all") for t in default_tiles(k)
+             for v in dgrad_variants(k)]
     assert len(names) == len(set(names))
     assert kernel_name(KEY, default_tiles(KEY)[1]) == "cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_2x2w_o_align8"
 
@@ -67,6 +68,33 @@ def test_emitted_instance_uses_broadcast_kernel_and_our_epilogue():
     assert f"cutlass::Status {inst.name}(Conv2dFusedArgs const& args" in text
 
 
+def test_backward_instances_use_stock_kernels():
+    key = InstanceKey("conv2d_dgrad", 80, "f16", 8)
+    tile = default_tiles(key)[0]
+    unity, text_unity = emit_instance(key, tile, "default", strided_dgrad=False)
+    strided, text_strided = emit_instance(key, tile, "default", strided_dgrad=True)
+    assert unity.name.endswith("_unity_align8") and strided.name.endswith("_strided_align8")
+    for text in (text_unity, text_strided):
+        assert "DefaultConv2dDgrad<" in text and "WithBroadcast" not in text
+        assert "cutlass::epilogue::thread::LinearCombination<" in text
+        assert "(Conv2dBackwardArgs const& args, cudaStream_t stream, bool query)" in text
+    assert "StrideSupport::kUnity" in text_unity and "StridedDgradIdentityThreadblockSwizzle" not in text_unity
+    assert "StrideSupport::kStrided" in text_strided and "StridedDgradIdentityThreadblockSwizzle<1>" in text_strided
+    wkey = InstanceKey("conv2d_wgrad", 80, "bf16", 8)
+    _, text = emit_instance(wkey, default_tiles(wkey)[0], "default")
+    # float32 output, 4 per 128-bit access: dw is not rounded to 16 bits
+    assert "DefaultConv2dWgrad<" in text and re.search(r"LinearCombination<\s+float,\s+4,", text)
+
+
+def test_backward_families_are_sm80_align8_and_ignore_profiles(tmp_path):
+    keys = [k for k in instance_keys([70, 80], "all") if k.op != "conv2d_fused"]
+    assert {(k.op, k.family, k.alignment) for k in keys} == {("conv2d_dgrad", 80, 8), ("conv2d_wgrad", 80, 8)}
+    text = HEADER + _row(1, "cutlass_tensorop_h16816fprop_optimized_128x128_32x3_nhwc_align8", 8, 128,
+                         (128, 128, 32), 3, (2, 2, 1), 0.05, c=128, hw=8)
+    key = InstanceKey("conv2d_wgrad", 80, "f16", 8)
+    assert select_tiles(key, _profile(tmp_path, text)) == (default_tiles(key), [], "default")
+
+
 def test_volta_instance_uses_884():
     key = InstanceKey("conv2d_fused", 70, "f16", 8)
     _, text = emit_instance(key, default_tiles(key)[0], "default")
@@ -77,11 +105,14 @@ def test_generator_writes_instances_table_and_cmake_list(tmp_path):
     out = tmp_path / "gen"
     assert generate(["--archs", "80", "--kernels", "ci", "--out", str(out)]) == 0
     sources = sorted(p.name for p in out.glob("*.cu"))
-    assert len(sources) == 4  # f16/bf16 x align 8/1, one tile each
+    # fprop: f16/bf16 x align 8/1; dgrad: f16/bf16 x unity/strided; wgrad: f16/bf16; one tile each
+    assert len(sources) == 10
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
-    assert "kNumKernels = 4" in table
+    backward = (out / "conv2d_backward_dispatch_table.cpp").read_text()
+    assert "kNumKernels = 4" in table and "kNumKernels = 6" in backward
     for s in sources:
-        assert f"&{s[:-3]}}}" in table
+        assert f"&{s[:-3]}}}" in (table if "_fused_" in s else backward)
+    assert backward.count("ConvKind::kDgrad") == 4 and backward.count("ConvKind::kWgrad") == 2
     cmake = (out / "instances.cmake").read_text()
     assert "CUTLASS_OPS_INSTANCES_SM80" in cmake and all(s in cmake for s in sources)
     # Re-running leaves files untouched (no needless recompiles).

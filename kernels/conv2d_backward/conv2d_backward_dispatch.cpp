@@ -1,0 +1,95 @@
+#include "conv2d_backward/conv2d_backward_dispatch.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common/tile_order.h"
+
+namespace cutlass_ops {
+namespace conv2d_backward {
+
+namespace {
+
+struct Candidate {
+  KernelEntry const* entry;
+  long long ctas;  // threadblocks, split-K slices included
+  int split_k_slices;
+};
+
+bool aligned16(void const* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// The implicit GEMM each kind runs.
+struct Gemm {
+  long long m, n, k;
+};
+Gemm gemm_of(Conv2dBackwardArgs const& a) {
+  if (a.kind == ConvKind::kDgrad) {
+    return {static_cast<long long>(a.N) * a.H * a.W, a.C, static_cast<long long>(a.K) * a.R * a.S};
+  }
+  return {a.K, static_cast<long long>(a.C) * a.R * a.S, static_cast<long long>(a.N) * a.P * a.Q};
+}
+
+long long tiles(Gemm g, KernelEntry const& e) {
+  return ((g.m + e.tile_m - 1) / e.tile_m) * ((g.n + e.tile_n - 1) / e.tile_n);
+}
+
+}  // namespace
+
+int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num_sms) {
+  // wgrad's output (K x C*R*S) is a few tiles, its reduction (N*P*Q) long: split it so that
+  // the slices fill about four CTAs per SM (these tiles' shared memory allows about that
+  // on sm80/sm90), keeping >= 16 K-iterations per slice; at most 128 slices.  The float32
+  // partial sums (slices x K*R*S*C) are added up by the caller.
+  Gemm g = gemm_of(a);
+  long long output_tiles = tiles(g, e);
+  long long k_iterations = (g.k + e.tile_k - 1) / e.tile_k;
+  long long slices = std::min<long long>({(4LL * num_sms + output_tiles - 1) / output_tiles,
+                                          k_iterations / 16, 128});
+  return slices < 2 ? 1 : static_cast<int>(slices);
+}
+
+Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms) {
+  Plan result;
+  if (cc < 80) {
+    result.why_not = "no dgrad/wgrad kernels for sm" + std::to_string(cc) + " (they need sm80+)";
+    return result;
+  }
+  void const* operand = a.kind == ConvKind::kDgrad ? a.weight : a.input;
+  if (a.C % 8 != 0 || a.K % 8 != 0 || !aligned16(a.grad_output) || !aligned16(operand) ||
+      !aligned16(a.output)) {
+    result.why_not = "the kernels need channel counts that are multiples of 8 and 16-byte aligned tensors";
+    return result;
+  }
+  bool unit_stride = a.stride_h == 1 && a.stride_w == 1;
+  Gemm g = gemm_of(a);
+  std::vector<Candidate> unity, strided;
+  for (int i = 0; i < kNumKernels; ++i) {
+    KernelEntry const& e = kKernels[i];
+    if (e.run == nullptr || e.kind != a.kind || e.family != 80 || e.dtype != a.dtype || e.alignment != 8) continue;
+    if (a.kind == ConvKind::kDgrad && !e.strided_dgrad && !unit_stride) continue;
+    int slices = a.kind == ConvKind::kWgrad ? wgrad_split_k_slices(a, e, num_sms) : 1;
+    (e.strided_dgrad ? strided : unity).push_back({&e, tiles(g, e) * slices, slices});
+  }
+  // Unit-stride dgrad prefers the unity-stride kernels (simpler iterators); the strided
+  // ones are the fallback for it and the only choice for stride > 1.
+  order_by_occupancy(unity, num_sms, g.m, g.n);
+  order_by_occupancy(strided, num_sms, g.m, g.n);
+  unity.insert(unity.end(), strided.begin(), strided.end());
+  for (Candidate const& c : unity) {
+    Conv2dBackwardArgs args = a;
+    args.split_k_slices = c.split_k_slices;
+    cutlass::Status status = c.entry->run(args, nullptr, /*query=*/true);
+    if (status == cutlass::Status::kSuccess) {
+      result.kernel = c.entry;
+      result.split_k_slices = c.split_k_slices;
+      return result;
+    }
+    result.why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
+  }
+  if (result.why_not.empty()) result.why_not = "no dgrad/wgrad kernel built for this dtype";
+  return result;
+}
+
+}  // namespace conv2d_backward
+}  // namespace cutlass_ops

@@ -1,0 +1,47 @@
+// The dgrad/wgrad kernel table the generator writes (conv2d_backward_dispatch_table.cpp in
+// the build tree), and the run-time choice from it.  No torch here.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cutlass/cutlass.h"
+#include "conv2d_backward/conv2d_backward_args.h"
+
+namespace cutlass_ops {
+namespace conv2d_backward {
+
+// query = true: only whether the kernel can run the problem (CUTLASS's can_implement).
+using KernelFn = cutlass::Status (*)(Conv2dBackwardArgs const&, cudaStream_t, bool query);
+
+struct KernelEntry {
+  char const* name;
+  ConvKind kind;
+  int family;            // CUTLASS arch tag the kernel is written for (80)
+  DType dtype;
+  int alignment;         // channel alignment in elements (C and K)
+  bool strided_dgrad;    // dgrad: the strided kernel (any stride); else unity stride only
+  int tile_m, tile_n, tile_k, stages;
+  KernelFn run;
+};
+
+extern const KernelEntry kKernels[];
+extern const int kNumKernels;
+
+struct Plan {
+  KernelEntry const* kernel = nullptr;  // null: no kernel fits (the caller falls back)
+  int split_k_slices = 1;               // wgrad: parallel split-K slices
+  std::string why_not;                  // when kernel is null
+};
+
+// The kernel (and for wgrad the split-K slices) for `a` on a device of compute capability
+// `cc` with `num_sms` multiprocessors.  Pointers must be set (their alignment counts);
+// a.split_k_slices is ignored.
+Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms);
+
+// Parallel split-K slices for wgrad with tile `e` (1 = no split), see the .cpp.
+int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num_sms);
+
+}  // namespace conv2d_backward
+}  // namespace cutlass_ops

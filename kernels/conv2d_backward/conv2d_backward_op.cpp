@@ -1,0 +1,140 @@
+// cutlass_ops::conv2d_dgrad and cutlass_ops::conv2d_wgrad: the gradients of a conv2d
+// (cutlass_ops/autograd.py uses them for conv2d_fused).  Schema, checks and the CPU (ATen)
+// implementation; CUDA in conv2d_backward_cuda.cpp, fake in cutlass_ops/ops.py.
+#include "conv2d_backward/conv2d_backward_op.h"
+
+#include <torch/library.h>
+
+namespace cutlass_ops {
+namespace conv2d_backward {
+
+namespace {
+
+void check_conv_args(char const* op, at::IntArrayRef stride, at::IntArrayRef padding) {
+  TORCH_CHECK_VALUE(stride.size() == 2 && padding.size() == 2, op, ": stride and padding take two values (h, w)");
+  TORCH_CHECK_VALUE(stride[0] >= 1 && stride[1] >= 1, op, ": stride must be >= 1, got ", stride);
+  TORCH_CHECK_VALUE(padding[0] >= 0 && padding[1] >= 0, op, ": padding must be >= 0, got ", padding);
+}
+
+// The conv's shape from x's and w's sizes; dy must match its output.
+ConvShape conv_shape(char const* op, at::Tensor const& grad_output, at::IntArrayRef x, at::IntArrayRef w,
+                     at::IntArrayRef stride, at::IntArrayRef padding) {
+  TORCH_CHECK_VALUE(grad_output.dim() == 4, op, ": grad_output must be 4-D (N, K, P, Q), got ", grad_output.dim(),
+                    "-D");
+  TORCH_CHECK_VALUE(x.size() == 4 && w.size() == 4, op, ": input and weight sizes must be 4-D, got ", x, " and ", w);
+  TORCH_CHECK_VALUE(at::isFloatingType(grad_output.scalar_type()), op, ": grad_output must be floating, got ",
+                    grad_output.scalar_type());
+  check_conv_args(op, stride, padding);
+  ConvShape s{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0};
+  TORCH_CHECK_VALUE(w[1] == s.C, op, ": input has ", s.C, " channels but weight expects ", w[1],
+                    " (grouped convs are not supported)");
+  TORCH_CHECK_VALUE(s.C > 0 && s.K > 0 && s.R > 0 && s.S > 0, op, ": empty channel or kernel dims");
+  TORCH_CHECK_VALUE(s.H + 2 * padding[0] >= s.R && s.W + 2 * padding[1] >= s.S, op, ": padded input is smaller "
+                    "than the kernel");
+  s.P = (s.H + 2 * padding[0] - s.R) / stride[0] + 1;
+  s.Q = (s.W + 2 * padding[1] - s.S) / stride[1] + 1;
+  TORCH_CHECK_VALUE(grad_output.sizes() == at::IntArrayRef({s.N, s.K, s.P, s.Q}), op, ": grad_output shape ",
+                    grad_output.sizes(), " is not the conv's output shape [", s.N, ", ", s.K, ", ", s.P, ", ", s.Q,
+                    "] for input ", x, ", weight ", w, ", stride ", stride, ", padding ", padding);
+  return s;
+}
+
+void check_operand(char const* op, char const* name, at::Tensor const& t, at::Tensor const& grad_output) {
+  TORCH_CHECK_VALUE(t.scalar_type() == grad_output.scalar_type(), op, ": ", name, " dtype ", t.scalar_type(),
+                    " differs from grad_output dtype ", grad_output.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == grad_output.device(), op, ": ", name, " is on ", t.device(),
+                    " but grad_output is on ", grad_output.device());
+}
+
+at::ScalarType accumulate_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+at::ScalarType compute_type(at::Tensor const& t) {
+  auto dtype = t.scalar_type();
+  bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  return t.is_cuda() && half ? dtype : accumulate_type(dtype);
+}
+
+}  // namespace
+
+std::string& last_kernel_slot() {
+  thread_local std::string name = "none";
+  return name;
+}
+
+ConvShape check_dgrad(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
+  TORCH_CHECK_VALUE(weight.dim() == 4, "conv2d_dgrad: weight must be 4-D (K, C, R, S), got ", weight.dim(), "-D");
+  check_operand("conv2d_dgrad", "weight", weight, grad_output);
+  if (scale) {
+    TORCH_CHECK_VALUE(scale->numel() == 1 && scale->dim() <= 1,
+                      "conv2d_dgrad: scale must be a scalar tensor (0-d or one element), got shape ", scale->sizes());
+    TORCH_CHECK_VALUE(at::isFloatingType(scale->scalar_type()), "conv2d_dgrad: scale must be floating, got ",
+                      scale->scalar_type());
+    TORCH_CHECK_VALUE(scale->device() == grad_output.device(), "conv2d_dgrad: scale is on ", scale->device(),
+                      " but grad_output is on ", grad_output.device());
+  }
+  return conv_shape("conv2d_dgrad", grad_output, input_size, weight.sizes(), stride, padding);
+}
+
+ConvShape check_wgrad(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding) {
+  TORCH_CHECK_VALUE(input.dim() == 4, "conv2d_wgrad: input must be 4-D (N, C, H, W), got ", input.dim(), "-D");
+  check_operand("conv2d_wgrad", "input", input, grad_output);
+  return conv_shape("conv2d_wgrad", grad_output, input.sizes(), weight_size, stride, padding);
+}
+
+at::Tensor conv2d_dgrad_aten(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
+                             at::IntArrayRef stride, at::IntArrayRef padding,
+                             c10::optional<at::Tensor> const& scale) {
+  last_kernel_slot() = "aten";
+  ConvShape s = check_dgrad(grad_output, weight, input_size, stride, padding, scale);
+  auto compute = compute_type(grad_output);
+  auto acc = accumulate_type(grad_output.scalar_type());
+  // The scale goes into the (small) weight, in the accumulate type, before any rounding.
+  auto w = scale ? weight.to(acc) * scale->to(acc).reshape({}) : weight;
+  // conv_transpose2d is dgrad; output_padding restores rows a stride > 1 left over.
+  int64_t out_pad_h = s.H - ((s.P - 1) * stride[0] - 2 * padding[0] + s.R);
+  int64_t out_pad_w = s.W - ((s.Q - 1) * stride[1] - 2 * padding[1] + s.S);
+  auto cl = at::MemoryFormat::ChannelsLast;
+  auto dx = at::conv_transpose2d(grad_output.to(compute).contiguous(cl), w.to(compute).contiguous(cl), {}, stride,
+                                 padding, {out_pad_h, out_pad_w});
+  auto result = at::empty({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl));
+  result.copy_(dx);
+  return result;
+}
+
+at::Tensor conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
+                             at::IntArrayRef stride, at::IntArrayRef padding) {
+  last_kernel_slot() = "aten";
+  check_wgrad(grad_output, input, weight_size, stride, padding);
+  auto compute = compute_type(grad_output);
+  auto cl = at::MemoryFormat::ChannelsLast;
+  // convolution_backward reads only the weight's shape.
+  auto weight_shape = at::empty(weight_size, grad_output.options().dtype(compute).memory_format(cl));
+  auto grads = at::convolution_backward(grad_output.to(compute).contiguous(cl), input.to(compute).contiguous(cl),
+                                        weight_shape, c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
+                                        {false, true, false});
+  return std::get<1>(grads).to(accumulate_type(grad_output.scalar_type())).contiguous(cl);
+}
+
+}  // namespace conv2d_backward
+}  // namespace cutlass_ops
+
+TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
+  // dx = scale * (the gradient of conv2d(x, weight, stride, padding) w.r.t. x), in
+  // grad_output's dtype; x's size given.
+  m.def("conv2d_dgrad(Tensor grad_output, Tensor weight, int[4] input_size, int[2] stride=[1, 1], "
+        "int[2] padding=[0, 0], Tensor? scale=None) -> Tensor");
+  // dw = the gradient of conv2d(input, w, stride, padding) w.r.t. w, in float32 (float64
+  // for float64 input): not rounded to 16 bits.
+  m.def("conv2d_wgrad(Tensor grad_output, Tensor input, int[4] weight_size, int[2] stride=[1, 1], "
+        "int[2] padding=[0, 0]) -> Tensor");
+  // The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": the
+  // ATen path).  For tests and for users checking their shapes hit the CUTLASS kernels.
+  m.def("conv2d_backward_last_kernel() -> str", []() { return cutlass_ops::conv2d_backward::last_kernel_slot(); });
+}
+
+TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
+  m.impl("conv2d_dgrad", &cutlass_ops::conv2d_backward::conv2d_dgrad_aten);
+  m.impl("conv2d_wgrad", &cutlass_ops::conv2d_backward::conv2d_wgrad_aten);
+}

@@ -1,0 +1,37 @@
+// Torch-side pieces shared by the CPU and CUDA implementations of cutlass_ops::conv2d_dgrad
+// and cutlass_ops::conv2d_wgrad (the training path's conv gradients).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace cutlass_ops {
+namespace conv2d_backward {
+
+// The forward conv y = conv(x, w) (N, C, H, W) * (K, C, R, S) -> (N, K, P, Q) both ops
+// differentiate, as the checks establish it.
+struct ConvShape {
+  int64_t N, C, H, W, K, R, S, P, Q;
+};
+
+// Checks dy against the conv that x_size (or x), w_size (or w), stride and padding describe.
+ConvShape check_dgrad(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale);
+ConvShape check_wgrad(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding);
+
+// The ATen composites (CPU, and the CUDA fallback: cuDNN there).  16-bit CUDA tensors stay
+// 16-bit (float32 accumulation, as PyTorch's own backward); otherwise float32/float64.
+at::Tensor conv2d_dgrad_aten(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
+                             at::IntArrayRef stride, at::IntArrayRef padding,
+                             c10::optional<at::Tensor> const& scale);
+at::Tensor conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
+                             at::IntArrayRef stride, at::IntArrayRef padding);
+
+// The kernel the last conv2d_dgrad / conv2d_wgrad call on this thread ran ("aten" for the
+// ATen path; "+ sum of N slices" after a split wgrad).
+std::string& last_kernel_slot();
+
+}  // namespace conv2d_backward
+}  // namespace cutlass_ops
