@@ -150,8 +150,12 @@ def cmd_profile(args) -> int:
         shape = [int(v) for v in args.input_shape.split(",")]
         problems = problems_from_model(model, shape, args.batch)
     else:
-        problems = resnet_problems(args.batch, args.in_channels)
-    n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
+        problems = resnet_problems(args.batch, args.in_channels, training=args.backward)
+    if args.backward:
+        from .profiler import sweep_backward
+        n = sweep_backward(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
+    else:
+        n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
     print(f"profile: wrote {n} rows to {out}; rebuild to use them (see README: Profiles)")
     return 0
 
@@ -218,6 +222,9 @@ def main(argv=None) -> int:
                     help="profile another model's convs instead: 'package.module:factory' "
                          "(called with no arguments), with --input-shape")
     pr.add_argument("--input-shape", default="3,64,64", help="with --model: C,H,W of one input")
+    pr.add_argument("--backward", action="store_true",
+                    help="profile the dgrad/wgrad kernels and cuDNN's on the model's training convs "
+                         "instead of conv2d_fused (rows with conv_kind dgrad/wgrad in the same CSV)")
     pr.add_argument("--dtype", choices=["fp16", "bf16"], default=None, help="default fp16")
     pr.add_argument("--iters", type=int, default=20, help="timed runs per kernel (median)")
     pr.add_argument("--profiles", default="profiles", help="profiles folder (default ./profiles)")

@@ -1,5 +1,8 @@
 """Profiler sweep: every built conv2d_fused kernel on a model's conv problems, timed on this
 GPU, written to profiles/<gpu>/sm<family>.csv in the CUTLASS profiler's conv2d columns.
+With ``--backward``: every built dgrad/wgrad kernel (wgrad at several split-K slice
+counts) and cuDNN's dgrad/wgrad (Provider ``cudnn``) on FusedResNet's training convs; the
+generator's rules then run, per problem, the fastest of them, cuDNN included.
 
 The generator (python/cutlass_ops_gen/tiles.py) reads these files at the next build: it
 instantiates each problem's fastest tile and emits a dispatch rule for it.  Build with
@@ -34,18 +37,20 @@ _NAME = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>\d+)
                    r"_(?P<stages>\d+)s_(?P<wm>\d+)x(?P<wn>\d+)w_(?P<it>[oa])_align(?P<align>\d+)$")
 
 
-def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
+def resnet_problems(batch_sizes, in_channels: int = 3, training: bool = False) -> list[dict]:
     """Every distinct conv FusedResNet runs (stem, conv1, conv2, downsample per block), per
     batch size (block 0's conv1 and conv2 are one problem).  FusedResNet's convs differ
     from the reference module's (the stem is a 1x1 conv on the space-to-depth input, the
     downsample a 1x1 conv on the pooled map, block 3's conv2 a dense layer), so they are
-    listed here, not hooked."""
+    listed here, not hooked.  training=True: the convs whose dgrad/wgrad training runs
+    (conv1, conv2 and downsample; the stem's backward is two GEMMs, conv2 is never dense)."""
     from .fused_resnet import conv2_runs_dense
     from .models import SEResNet9FixUp
     model = SEResNet9FixUp(in_channels)
     problems = []
     for n in batch_sizes:
-        problems.append(dict(n=n, h=16, w=16, c=16 * in_channels, k=64, r=1, s=1, pad=0, stride=1))
+        if not training:
+            problems.append(dict(n=n, h=16, w=16, c=16 * in_channels, k=64, r=1, s=1, pad=0, stride=1))
         hw = 16
         for layer in model.layers:
             blk = layer[0]
@@ -53,7 +58,7 @@ def resnet_problems(batch_sizes, in_channels: int = 3) -> list[dict]:
             out = hw // st
             problems.append(dict(n=n, h=hw, w=hw, c=c, k=k, r=3, s=3, pad=1, stride=st))
             problems.append(dict(n=n, h=out, w=out, c=k, k=k, r=3, s=3, pad=1, stride=1))
-            if conv2_runs_dense(out, out):  # inference runs it as a 1x1 conv on one "pixel"
+            if conv2_runs_dense(out, out) and not training:  # inference: a 1x1 conv on one "pixel"
                 problems.append(dict(n=n, h=1, w=1, c=out * out * k, k=out * out * k, r=1, s=1,
                                      pad=0, stride=1))
             if blk.downsample is not None:  # 1x1 on the pooled input
@@ -233,3 +238,134 @@ def _row(idx, p, k, dname, family, split, ms, disposition) -> dict:
     row["GB/s"] = f"{nbytes / (ms * 1e-3) / 1e9:.1f}" if ms == ms else ""
     row["GFLOPs"] = f"{flops / (ms * 1e-3) / 1e9:.1f}" if ms == ms else ""
     return row
+
+
+# ---- backward (dgrad / wgrad) -------------------------------------------------------------------
+
+_BACKWARD_NAME = re.compile(
+    r"cutlass_ops_conv2d_(?P<kind>dgrad|wgrad)_(?P<dtype>b?f16)_sm(?P<family>\d+)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
+    r"_(?P<stages>\d+)s_(?P<wm>\d+)x(?P<wn>\d+)w_(?P<it>[oa])(?:_(?P<variant>unity|strided))?_align(?P<align>\d+)$")
+
+
+class _Cudnn:
+    """Stands in for a kernel-name match in cuDNN's rows."""
+    string = "cudnn"
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __getitem__(self, key):
+        return {"kind": self.kind, "m": 0, "n": 0, "k": 0, "stages": 0, "wm": 0, "wn": 0, "it": "o"}[key]
+
+
+def wgrad_split_candidates(p: dict, k, num_sms: int) -> list[int]:
+    """Parallel split-K slices worth timing for wgrad: powers of two up to 128 that keep
+    >= 8 K-iterations (of N*P*Q) per slice and launch between 1/2 and 8 CTAs per SM."""
+    pq = [(d + 2 * p["pad"] - f) // p["stride"] + 1 for d, f in ((p["h"], p["r"]), (p["w"], p["s"]))]
+    tm, tn, tk = int(k["m"]), int(k["n"]), int(k["k"])
+    tiles = -(-p["k"] // tm) * -(-p["c"] * p["r"] * p["s"] // tn)
+    k_iterations = -(-p["n"] * pq[0] * pq[1] // tk)
+    splits = [s for s in (1, 2, 4, 8, 16, 32, 64, 128)
+              if k_iterations >= 8 * s and num_sms // 2 <= tiles * s <= 8 * num_sms]
+    return splits or [1]
+
+
+def _backward_done(path: Path) -> set:
+    if not path.exists():
+        return set()
+    with open(path, newline="") as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return {(r["conv_kind"], r["Operation"], int(r.get("split_k_slices") or 1))
+                + tuple(int(r[c]) for c in ("n", "h", "w", "c", "k", "r", "s", "pad_h", "stride_h"))
+                for r in rows}
+
+
+def sweep_backward(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
+                   progress=lambda msg: print(msg, file=sys.stderr, flush=True)) -> int:
+    """Measures every built dgrad/wgrad kernel of `dtype`, and cuDNN's, on each problem;
+    appends rows (conv_kind dgrad/wgrad) to `out`; returns rows written."""
+    from .ops import conv2d_dgrad, conv2d_wgrad
+    dname = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    kernels = [m for m in map(_BACKWARD_NAME.match, torch.ops.cutlass_ops.conv2d_backward_kernels())
+               if m and m["dtype"] == dname and int(m["family"]) == 80]
+    if not kernels:
+        raise RuntimeError(f"no {dname} dgrad/wgrad kernels in this build")
+    done = _backward_done(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new_file = not out.exists()
+    env = environment()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    jobs = []
+    for p in problems:
+        if p["c"] % 8 or p["k"] % 8:
+            continue
+        for kind in ("dgrad", "wgrad"):
+            for k in [m for m in kernels if m["kind"] == kind] + [_Cudnn(kind)]:
+                if kind == "dgrad" and k.string != "cudnn" and p["stride"] > 1 and k["variant"] != "strided":
+                    continue
+                splits = wgrad_split_candidates(p, k, sms) if kind == "wgrad" and k.string != "cudnn" else [1]
+                jobs += [(p, kind, k, split) for split in splits
+                         if (kind, k.string, split) + _problem_key(p) not in done]
+    progress(f"profile --backward: {len(jobs)} measurements ({len(problems)} problems, {len(kernels)} kernels "
+             f"+ cuDNN, {len(done)} already in {out})")
+    written, start = 0, time.time()
+    with open(out, "a", newline="") as f:
+        if new_file:
+            f.write(f"# cutlass_ops profile: {env.get('gpu')} (sm{env.get('sm')}), kernel family sm80, "
+                    f"driver {_driver()}, CUDA {env['cuda']}, torch {env['torch']}, cuDNN {env.get('cudnn')}, "
+                    f"{env['time']}\n")
+        writer = csv.DictWriter(f, COLUMNS)
+        if new_file:
+            writer.writeheader()
+        cache = {}
+        for i, (p, kind, k, split) in enumerate(jobs, 1):
+            key = _problem_key(p)
+            if key not in cache:
+                cache = {key: _backward_inputs(p, dtype)}
+            x, w, dy, ref_dx, ref_dw = cache[key]
+            st, pad = p["stride"], p["pad"]
+            if k.string == "cudnn":
+                mask = [kind == "dgrad", kind == "wgrad", False]
+                fn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [st, st], [pad, pad], [1, 1],
+                                                                 False, [0, 0], 1, mask)[0 if kind == "dgrad" else 1]
+            elif kind == "dgrad":
+                fn = lambda: conv2d_dgrad(dy, w, x.shape, st, pad)
+            else:
+                fn = lambda: conv2d_wgrad(dy, x, w.shape, st, pad)
+            if k.string != "cudnn":
+                torch.ops.cutlass_ops.conv2d_backward_force_kernel(k.string, split)
+            try:
+                got = fn()
+                ref = ref_dx if kind == "dgrad" else ref_dw
+                err = ((got.float() - ref).norm() / ref.norm()).item()
+                ok = err < (5e-3 if dtype == torch.float16 else 3e-2)
+                ms = _time_ms(fn, iters) if ok else float("nan")
+                row = _row(len(done) + i, p, k, dname, 80, split, ms, "passed" if ok else "incorrect")
+                row.update(conv_kind=kind, split_k_mode="parallel" if split > 1 else "serial",
+                           Provider="cudnn" if k.string == "cudnn" else "cutlass_ops")
+                writer.writerow(row)
+                written += 1
+            except (ValueError, RuntimeError) as e:
+                progress(f"  skip {kind} {k.string} split_k={split}: {str(e).splitlines()[0][:120]}")
+            finally:
+                torch.ops.cutlass_ops.conv2d_backward_force_kernel("")
+            if i % 20 == 0 or i == len(jobs):
+                f.flush()
+                eta = (time.time() - start) / i * (len(jobs) - i)
+                progress(f"  [{i}/{len(jobs)}] n={p['n']} {p['c']}->{p['k']} {p['h']}x{p['w']} "
+                         f"{p['r']}x{p['s']}/{p['stride']} {kind} {k.string[20:]} split_k={split}  eta {eta:.0f} s")
+    return written
+
+
+def _backward_inputs(p: dict, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cl = torch.channels_last
+    x = torch.randn(p["n"], p["c"], p["h"], p["w"], device="cuda", dtype=dtype, generator=g).contiguous(memory_format=cl)
+    w = torch.randn(p["k"], p["c"], p["r"], p["s"], device="cuda", dtype=dtype, generator=g)
+    w = (w / (p["c"] * p["r"] * p["s"]) ** 0.5).contiguous(memory_format=cl)
+    y = F.conv2d(x, w, stride=p["stride"], padding=p["pad"])
+    dy = torch.randn(y.shape, device="cuda", dtype=dtype, generator=g).contiguous(memory_format=cl)
+    ref_dx, ref_dw, _ = torch.ops.aten.convolution_backward(
+        dy.float(), x.float(), w.float(), None, [p["stride"]] * 2, [p["pad"]] * 2, [1, 1], False, [0, 0], 1,
+        [True, True, False])
+    return x, w, dy, ref_dx, ref_dw

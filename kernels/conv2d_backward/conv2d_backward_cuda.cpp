@@ -7,6 +7,9 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
 #include "common/cuda_device.h"
 #include "conv2d_backward/conv2d_backward_dispatch.h"
 #include "conv2d_backward/conv2d_backward_op.h"
@@ -15,6 +18,8 @@ namespace cutlass_ops {
 namespace conv2d_backward {
 
 namespace {
+
+constexpr char kCudnnByProfile[] = "aten (the profile measured cuDNN faster here)";
 
 bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
@@ -32,15 +37,26 @@ bool fits_int32(ConvShape const& s) {
   return s.N * s.C * s.H * s.W < INT32_MAX && s.N * s.K * s.P * s.Q < INT32_MAX;
 }
 
+// The dispatcher's plan, or the profiler's forced kernel.
+Plan plan_for(Conv2dBackwardArgs const& a, int dev) {
+  ForcedChoice const& forced = forced_choice_slot();
+  Plan p = plan(a, compute_capability(dev), multiprocessor_count(dev),
+                forced.kernel.empty() ? nullptr : forced.kernel.c_str(), forced.split_k);
+  TORCH_CHECK_VALUE(p.kernel != nullptr || forced.kernel.empty(), "conv2d_backward: the forced kernel ",
+                    forced.kernel, " cannot run this problem: ", p.why_not);
+  return p;
+}
+
 // Runs the plan's kernel; false (nothing launched) when no kernel fits.
-bool run_planned(Conv2dBackwardArgs a, at::Tensor const& like, char const* op, Plan const& p) {
+bool run_planned(Conv2dBackwardArgs a, at::Tensor const& out, char const* op, Plan const& p) {
   if (p.kernel == nullptr) {
+    if (p.cudnn_measured_faster) return false;  // the profile's choice, not a gap: no warning
     TORCH_WARN_ONCE("cutlass_ops.", op, ": no generated kernel fits (", p.why_not,
                     "); using the slower ATen composite (cuDNN).");
     return false;
   }
   a.split_k_slices = p.split_k_slices;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(out.device().index()).stream();
   cutlass::Status status = p.kernel->run(a, stream, /*query=*/false);
   TORCH_CHECK(status == cutlass::Status::kSuccess, op, ": kernel ", p.kernel->name, " failed: ",
               cutlassGetStatusString(status), " (", cudaGetErrorString(cudaGetLastError()),
@@ -73,9 +89,10 @@ at::Tensor conv2d_dgrad_cuda(at::Tensor const& grad_output, at::Tensor const& we
   a.weight = w.data_ptr();
   a.output = dx.data_ptr();
   a.scale = scale ? scale_f.data_ptr<float>() : nullptr;
-  int dev = grad_output.device().index();
-  if (!run_planned(a, dx, "conv2d_dgrad", plan(a, compute_capability(dev), multiprocessor_count(dev)))) {
-    return conv2d_dgrad_aten(grad_output, weight, input_size, stride, padding, scale);
+  Plan p = plan_for(a, grad_output.device().index());
+  if (!run_planned(a, dx, "conv2d_dgrad", p)) {
+    dx = conv2d_dgrad_aten(grad_output, weight, input_size, stride, padding, scale);
+    if (p.cudnn_measured_faster) last_kernel_slot() = kCudnnByProfile;
   }
   return dx;
 }
@@ -101,13 +118,15 @@ at::Tensor conv2d_wgrad_cuda(at::Tensor const& grad_output, at::Tensor const& in
   // Plan first (the output is not allocated yet: the dispatcher skips a null pointer's
   // alignment; allocations are 256-byte aligned), then allocate the split's partial sums.
   a.output = nullptr;
-  Plan p = plan(a, compute_capability(dev), multiprocessor_count(dev));
-  int slices = p.kernel != nullptr ? p.split_k_slices : 1;
+  Plan p = plan_for(a, dev);
+  int slices = p.split_k_slices;
   // Slices x (K, R, S, C): slice i is K x R x S x C floats at offset i * K*R*S*C.
-  auto partial = at::empty({slices, s.K, s.R, s.S, s.C}, f32);
-  a.output = partial.data_ptr();
+  auto partial = p.kernel != nullptr ? at::empty({slices, s.K, s.R, s.S, s.C}, f32) : at::Tensor();
+  a.output = p.kernel != nullptr ? partial.data_ptr() : nullptr;
   if (!run_planned(a, partial, "conv2d_wgrad", p)) {
-    return conv2d_wgrad_aten(grad_output, input, weight_size, stride, padding);
+    auto dw = conv2d_wgrad_aten(grad_output, input, weight_size, stride, padding);
+    if (p.cudnn_measured_faster) last_kernel_slot() = kCudnnByProfile;
+    return dw;
   }
   // (K, R, S, C) memory is (K, C, R, S) channels_last.
   auto dw = slices > 1 ? partial.sum(0) : partial.select(0, 0);
@@ -115,8 +134,21 @@ at::Tensor conv2d_wgrad_cuda(at::Tensor const& grad_output, at::Tensor const& in
   return dw.permute({0, 3, 1, 2});
 }
 
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < kNumKernels; ++i) {
+    if (kKernels[i].run != nullptr) names.emplace_back(kKernels[i].name);
+  }
+  return names;
+}
+
 }  // namespace conv2d_backward
 }  // namespace cutlass_ops
+
+TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
+  // The generated dgrad/wgrad kernels of this build (not registered in a CPU-only build).
+  m.def("conv2d_backward_kernels() -> str[]", &cutlass_ops::conv2d_backward::kernel_names);
+}
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("conv2d_dgrad", &cutlass_ops::conv2d_backward::conv2d_dgrad_cuda);

@@ -1,7 +1,9 @@
 #include "conv2d_backward/conv2d_backward_dispatch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/tile_order.h"
@@ -49,7 +51,26 @@ int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int 
   return slices < 2 ? 1 : static_cast<int>(slices);
 }
 
-Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms) {
+ProfileRule const* profile_rule(Conv2dBackwardArgs const& a) {
+  ProfileRule const* best = nullptr;
+  double best_distance = 0;
+  long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
+  for (int i = 0; i < kNumProfileRules; ++i) {
+    ProfileRule const& r = kProfileRules[i];
+    if (r.kernel < -1 || r.kind != a.kind || r.dtype != a.dtype || r.C != a.C || r.K != a.K || r.R != a.R ||
+        r.S != a.S || r.stride != a.stride_h || a.stride_h != a.stride_w) {
+      continue;
+    }
+    double distance = std::fabs(std::log(double(gemm_m) / double(r.gemm_m)));
+    if (best == nullptr || distance < best_distance) {
+      best = &r;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, int forced_split_k) {
   Plan result;
   if (cc < 80) {
     result.why_not = "no dgrad/wgrad kernels for sm" + std::to_string(cc) + " (they need sm80+)";
@@ -68,7 +89,10 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms) {
     KernelEntry const& e = kKernels[i];
     if (e.run == nullptr || e.kind != a.kind || e.family != 80 || e.dtype != a.dtype || e.alignment != 8) continue;
     if (a.kind == ConvKind::kDgrad && !e.strided_dgrad && !unit_stride) continue;
-    int slices = a.kind == ConvKind::kWgrad ? wgrad_split_k_slices(a, e, num_sms) : 1;
+    if (only != nullptr && std::strcmp(only, e.name) != 0) continue;
+    int slices = a.kind == ConvKind::kDgrad ? 1
+                 : forced_split_k > 0     ? forced_split_k
+                                          : wgrad_split_k_slices(a, e, num_sms);
     (e.strided_dgrad ? strided : unity).push_back({&e, tiles(g, e) * slices, slices});
   }
   // Unit-stride dgrad prefers the unity-stride kernels (simpler iterators); the strided
@@ -76,6 +100,24 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms) {
   order_by_occupancy(unity, num_sms, g.m, g.n);
   order_by_occupancy(strided, num_sms, g.m, g.n);
   unity.insert(unity.end(), strided.begin(), strided.end());
+  ProfileRule const* rule = only == nullptr ? profile_rule(a) : nullptr;
+  if (rule != nullptr && rule->kernel == -1) {
+    result.cudnn_measured_faster = true;
+    result.why_not = "the profile measured cuDNN faster on this problem";
+    return result;
+  }
+  if (rule != nullptr) {  // the measured winner first, at its split scaled to this M
+    auto first = std::find_if(unity.begin(), unity.end(),
+                              [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
+    if (first != unity.end()) {
+      if (a.kind == ConvKind::kWgrad && forced_split_k == 0) {
+        double m_ratio = double(g.k) / double(rule->gemm_m);  // wgrad's GEMM K is N*P*Q
+        long long slices = std::llround(rule->split_k * m_ratio);
+        first->split_k_slices = static_cast<int>(std::max<long long>(1, std::min<long long>(slices, 128)));
+      }
+      std::rotate(unity.begin(), first, first + 1);
+    }
+  }
   for (Candidate const& c : unity) {
     Conv2dBackwardArgs args = a;
     args.split_k_slices = c.split_k_slices;

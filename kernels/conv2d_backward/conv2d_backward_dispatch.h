@@ -29,16 +29,38 @@ struct KernelEntry {
 extern const KernelEntry kKernels[];
 extern const int kNumKernels;
 
+// A measured winner (profiles/, `python -m cutlass_ops profile --backward`): for this
+// problem class kKernels[kernel] with `split_k` slices was fastest at M = gemm_m (N*P*Q),
+// or, with kernel == -1, cuDNN was (the op then takes its ATen path).
+struct ProfileRule {
+  ConvKind kind;
+  DType dtype;
+  int C, K, R, S, stride;
+  long long gemm_m;
+  int kernel;   // index into kKernels; -1: cuDNN; -2 in an empty table
+  int split_k;
+};
+
+extern const ProfileRule kProfileRules[];
+extern const int kNumProfileRules;
+
 struct Plan {
-  KernelEntry const* kernel = nullptr;  // null: no kernel fits (the caller falls back)
+  KernelEntry const* kernel = nullptr;  // null: no kernel fits, or cuDNN is faster (the caller falls back)
   int split_k_slices = 1;               // wgrad: parallel split-K slices
+  bool cudnn_measured_faster = false;   // kernel is null because a profile rule says so
   std::string why_not;                  // when kernel is null
 };
 
+// The profile rule for `a` (same kind, dtype and class, nearest M on a log scale), or null.
+ProfileRule const* profile_rule(Conv2dBackwardArgs const& a);
+
 // The kernel (and for wgrad the split-K slices) for `a` on a device of compute capability
-// `cc` with `num_sms` multiprocessors.  Pointers must be set (their alignment counts);
-// a.split_k_slices is ignored.
-Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms);
+// `cc` with `num_sms` multiprocessors.  Pointers must be set or null (their alignment
+// counts); a.split_k_slices is ignored.  The profile rule's kernel (and split, scaled by
+// M for wgrad) first, then the rest by occupancy.  `only` (the profiler's forced kernel)
+// restricts the choice to the entry of that name (rules ignored), and `forced_split_k` > 0
+// fixes wgrad's slices.
+Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only = nullptr, int forced_split_k = 0);
 
 // Parallel split-K slices for wgrad with tile `e` (1 = no split), see the .cpp.
 int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num_sms);

@@ -61,6 +61,11 @@ std::string& last_kernel_slot() {
   return name;
 }
 
+ForcedChoice& forced_choice_slot() {
+  thread_local ForcedChoice choice;
+  return choice;
+}
+
 ConvShape check_dgrad(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
                       at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
   TORCH_CHECK_VALUE(weight.dim() == 4, "conv2d_dgrad: weight must be 4-D (K, C, R, S), got ", weight.dim(), "-D");
@@ -132,6 +137,14 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": the
   // ATen path).  For tests and for users checking their shapes hit the CUTLASS kernels.
   m.def("conv2d_backward_last_kernel() -> str", []() { return cutlass_ops::conv2d_backward::last_kernel_slot(); });
+  // For the profiler: make this thread's CUDA conv2d_dgrad/conv2d_wgrad calls run the named
+  // kernel (wgrad with `split_k` slices; 0: the dispatcher's choice); an error when it
+  // cannot run the problem.  "" restores the normal choice.
+  m.def("conv2d_backward_force_kernel(str name, int split_k=0) -> ()", [](std::string name, int64_t split_k) {
+    TORCH_CHECK_VALUE(split_k >= 0 && split_k <= 256, "conv2d_backward_force_kernel: split_k must be 0..256, got ",
+                      split_k);
+    cutlass_ops::conv2d_backward::forced_choice_slot() = {std::move(name), static_cast<int>(split_k)};
+  });
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {

@@ -33,5 +33,14 @@ at::Tensor conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& in
 // ATen path; "+ sum of N slices" after a split wgrad).
 std::string& last_kernel_slot();
 
+// The profiler's override on this thread (cutlass_ops::conv2d_backward_force_kernel): the
+// kernel the CUDA implementations must run ("" = choose as usual) and wgrad's split-K
+// slices (0 = the dispatcher's choice).
+struct ForcedChoice {
+  std::string kernel;
+  int split_k = 0;
+};
+ForcedChoice& forced_choice_slot();
+
 }  // namespace conv2d_backward
 }  // namespace cutlass_ops

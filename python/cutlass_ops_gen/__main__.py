@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .manifest import KERNEL_SETS, instance_keys
-from .tiles import SWEEP_TILES, default_tiles, select_tiles
+from .tiles import default_tiles, select_tiles, sweep_tiles
 
 
 def parse_archs(text: str) -> list[int]:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archs", type=parse_archs, required=True,
                    help="SM archs to build for, e.g. '80;86;90' (70 = Volta)")
     p.add_argument("--kernels", choices=KERNEL_SETS, default="all",
-                   help="kernel set: all (release) or ci (small, for CI builds)")
+                   help="kernel set: all (release), ci (small, for CI builds) or sweep (all + the profiler's candidate tiles)")
     p.add_argument("--profiles", type=Path, default=None,
                    help="profiles/ folder with measured tile winners (default tiles without it)")
     p.add_argument("--out", type=Path, required=True, help="output folder (in the build tree)")
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         tiles, key_rules, origin = select_tiles(key, args.profiles)
         if args.kernels == "ci":  # one default tile per key, whatever the profiles say
             tiles, key_rules, origin = default_tiles(key)[-1:], [], "default"
-        if args.kernels == "sweep" and key.family == 80 and key.dtype == "f16" and key.alignment == 8:
-            tiles += [t for t in SWEEP_TILES if t not in tiles]
+        if args.kernels == "sweep":
+            tiles += [t for t in sweep_tiles(key) if t not in tiles]
         for tile in tiles:
             for strided_dgrad in dgrad_variants(key):
                 inst, text = emit_instance(key, tile, origin, strided_dgrad)
@@ -68,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         write_if_changed(args.out / name, text)
     fprop = [i for i in instances if i.conv_kind == "fprop"]
     backward = [i for i in instances if i.conv_kind != "fprop"]
-    write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(fprop, rules))
-    write_if_changed(args.out / "conv2d_backward_dispatch_table.cpp", emit_backward_dispatch_table(backward))
+    fprop_rules = [(k, r) for k, r in rules if k.op == "conv2d_fused"]
+    backward_rules = [(k, r) for k, r in rules if k.op != "conv2d_fused"]
+    write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(fprop, fprop_rules))
+    write_if_changed(args.out / "conv2d_backward_dispatch_table.cpp",
+                     emit_backward_dispatch_table(backward, backward_rules))
 
     by_family: dict[int, list[str]] = {}
     for inst in instances:

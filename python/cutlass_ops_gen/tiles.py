@@ -6,18 +6,20 @@ profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.
   family 80, alignment 1    : 64x64x32 2-stage analytic iterators (cp.async cannot copy
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
-The ``sweep`` kernel set adds SWEEP_TILES (fp16 and bf16, alignment 8) for the profiler.
-Backward (family 80, alignment 8; not profiled yet, so the dispatcher picks by occupancy):
+The ``sweep`` kernel set adds sweep_tiles() (fp16, alignment 8) for the profiler.
+Backward (family 80, alignment 8):
   conv2d_dgrad : the fprop defaults, each as a unity-stride and a strided kernel
   conv2d_wgrad : 128x128x32 3-stage and 64x128x32 4-stage (GEMM M = K = 64..512 output
                  channels; parallel split-K over N*P*Q supplies the threadblocks)
 
 A profile is a CSV in the CUTLASS profiler's conv2d column layout (profiles/README.md):
 ours (``python -m cutlass_ops profile``) or a real ``cutlass_profiler`` conv2d output.
-For each instance key its fprop rows (same dtype and alignment; rows of the other 16-bit
-dtype when a dtype has none) are grouped by problem (c, k, r, s, stride, GEMM M = n*p*q);
-the fastest (tile, serial split-K slices) per problem wins; rows with parallel split-K
-are skipped (the fused epilogue runs serial split-K only).  The generator instantiates the
+For each instance key the rows of its conv kind (same dtype and alignment; rows of the
+other 16-bit dtype when a dtype has none) are grouped by problem (c, k, r, s, stride,
+M = n*p*q); the fastest (tile, split-K slices) per problem wins.  fprop keeps serial
+split-K rows only (the fused epilogue runs serial split-K), wgrad parallel ones.  In a
+backward profile cuDNN's rows (``Operation`` cudnn) compete too: where cuDNN wins, the
+rule sends the problem to the ATen (cuDNN) path.  The generator instantiates the
 defaults plus every winner, and emits one rule per problem: the dispatcher runs the
 rule's tile and split for a problem with the same (c, k, r, s, stride) and the nearest M
 (log scale).
@@ -60,9 +62,10 @@ class Problem:
 @dataclass(frozen=True)
 class Rule:
     problem: Problem
-    tile: Tile
+    tile: Tile | None     # None: cuDNN (a ``--backward`` profile's Provider cudnn row) won
     runtime_ms: float
-    split_k: int = 1  # serial split-K slices the winner ran with
+    split_k: int = 1      # split-K slices the winner ran with (serial; wgrad: parallel)
+    strided_dgrad: bool | None = None  # dgrad: the winner was the strided kernel
 
 
 def default_tiles(key: InstanceKey) -> list[Tile]:
@@ -86,6 +89,14 @@ SWEEP_TILES = [
 ]
 
 
+def sweep_tiles(key: InstanceKey) -> list[Tile]:
+    """The profiler's candidates for a key beyond its defaults (fp16, alignment 8 only)."""
+    if key.family != 80 or key.dtype != "f16" or key.alignment != 8:
+        return []
+    extra = [Tile((64, 64, 64), (2, 2, 1), 4)] if OP_FAMILY[key.op].conv_kind == "wgrad" else []
+    return [t for t in SWEEP_TILES + extra if t not in default_tiles(key)]
+
+
 class ProfileError(ValueError):
     pass
 
@@ -94,7 +105,7 @@ _REQUIRED = ("Operation", "n", "c", "k", "r", "s", "p", "q", "stride_h", "cta_m"
              "cta_k", "stages", "warps_m", "warps_n", "warps_k", "Runtime")
 
 
-def read_profile_rows(path: Path) -> list[dict]:
+def read_profile_rows(path: Path, conv_kind: str = "fprop") -> list[dict]:
     with open(path, newline="") as f:
         lines = [line for line in f if not line.startswith("#")]  # header comments allowed
     reader = csv.DictReader(lines)
@@ -105,7 +116,7 @@ def read_profile_rows(path: Path) -> list[dict]:
     for i, row in enumerate(reader, start=2):
         if row.get("Disposition", "passed") not in ("passed", ""):
             continue
-        if row.get("conv_kind", "fprop") != "fprop":
+        if row.get("conv_kind", "fprop") != conv_kind:
             continue
         try:
             for col in _REQUIRED[1:]:
@@ -120,6 +131,8 @@ def _dtype_and_alignment(row: dict) -> tuple[str, int] | None:
     """Ours: cutlass_ops_<op>_<dtype>_sm<family>_<tile>_align<A>.  CUTLASS profiler rows:
     dtype from the Activation column (e.g. f16:nhwc), alignment from the name's suffix."""
     name = row["Operation"]
+    if name == "cudnn":  # cuDNN's rows (backward profiles) compete for the alignment-8 keys
+        return {"f16": "f16", "bf16": "bf16"}.get(row.get("Activation", "").split(":")[0]), 8
     if "_align" not in name:
         return None
     try:
@@ -139,14 +152,15 @@ def _row_tile(row: dict, key: InstanceKey) -> Tile:
                 int(row["stages"]), iterator=iterator)
 
 
-def _split_k(row: dict) -> int | None:
-    """Serial split-K slices of a row (1 when the column is absent); None for a parallel
-    split-K row, which these kernels cannot reproduce."""
+def _split_k(row: dict, conv_kind: str = "fprop") -> int | None:
+    """Split-K slices of a row (1 when the column is absent); None for a split these
+    kernels cannot reproduce (fprop runs serial split-K only, wgrad parallel only)."""
     try:
         slices = int(row.get("split_k_slices") or 1)
     except ValueError:
         return None
-    if slices > 1 and row.get("split_k_mode", "serial") != "serial":
+    mode = {"fprop": "serial", "wgrad": "parallel"}.get(conv_kind)
+    if slices > 1 and row.get("split_k_mode", "serial") != mode:
         return None
     return max(slices, 1)
 
@@ -161,14 +175,18 @@ def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
     if not mine:  # fp16 and bf16 share instruction shape and bytes: borrow the other's winners
         other = {"f16": "bf16", "bf16": "f16"}.get(key.dtype)
         mine = rows_for(other) if other else []
+    kind = OP_FAMILY[key.op].conv_kind
     best: dict[Problem, Rule] = {}
     for row in mine:
-        split_k = _split_k(row)
+        split_k = _split_k(row, kind)
         if split_k is None:
             continue
         problem = Problem(int(row["c"]), int(row["k"]), int(row["r"]), int(row["s"]),
                           int(row["stride_h"]), int(row["n"]) * int(row["p"]) * int(row["q"]))
-        rule = Rule(problem, _row_tile(row, key), float(row["Runtime"]), split_k)
+        name = row["Operation"]
+        tile = None if name == "cudnn" else _row_tile(row, key)
+        strided = ("_strided_" in name) if kind == "dgrad" and tile is not None else None
+        rule = Rule(problem, tile, float(row["Runtime"]), split_k, strided)
         if problem not in best or rule.runtime_ms < best[problem].runtime_ms:
             best[problem] = rule
     return [best[p] for p in sorted(best, key=lambda p: (p.c, p.k, p.r, p.s, p.stride, p.gemm_m))]
@@ -184,13 +202,13 @@ def profile_files(profiles_dir: Path, family: int) -> list[Path]:
 def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile], list[Rule], str]:
     """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
     tiles = default_tiles(key)
-    if profiles_dir is None or OP_FAMILY[key.op].conv_kind != "fprop":  # profiles are fprop rows
+    if profiles_dir is None:
         return tiles, [], "default"
     rows: list[dict] = []
     sources = []
     for path in profile_files(profiles_dir, key.family):
         try:
-            rows += read_profile_rows(path)
+            rows += read_profile_rows(path, OP_FAMILY[key.op].conv_kind)
             sources.append(path.parent.name)
         except (ProfileError, OSError, csv.Error) as e:
             warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")
@@ -198,6 +216,6 @@ def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile
     if not rules:
         return tiles, [], "default"
     for rule in rules:
-        if rule.tile not in tiles:
+        if rule.tile is not None and rule.tile not in tiles:
             tiles.append(rule.tile)
     return tiles, rules, "default + profile " + "+".join(sources)

@@ -86,13 +86,52 @@ def test_backward_instances_use_stock_kernels():
     assert "DefaultConv2dWgrad<" in text and re.search(r"LinearCombination<\s+float,\s+4,", text)
 
 
-def test_backward_families_are_sm80_align8_and_ignore_profiles(tmp_path):
+def test_backward_families_are_sm80_align8_and_ignore_fprop_rows(tmp_path):
     keys = [k for k in instance_keys([70, 80], "all") if k.op != "conv2d_fused"]
     assert {(k.op, k.family, k.alignment) for k in keys} == {("conv2d_dgrad", 80, 8), ("conv2d_wgrad", 80, 8)}
     text = HEADER + _row(1, "cutlass_tensorop_h16816fprop_optimized_128x128_32x3_nhwc_align8", 8, 128,
                          (128, 128, 32), 3, (2, 2, 1), 0.05, c=128, hw=8)
     key = InstanceKey("conv2d_wgrad", 80, "f16", 8)
     assert select_tiles(key, _profile(tmp_path, text)) == (default_tiles(key), [], "default")
+
+
+def _backward_row(i, kind, name, n, tile, runtime, split=1, warps=(2, 2, 1)):
+    row = _row(i, name, n, 64, tile, 4, warps, runtime).replace(",fprop,", f",{kind},")
+    mode = "parallel" if split > 1 else "serial"
+    return row.rstrip("\n") + f",{mode},{split}\n"
+
+
+def test_backward_rules_pick_the_fastest_cudnn_included(tmp_path):
+    header = HEADER.rstrip("\n") + ",split_k_mode,split_k_slices\n"
+    dgrad = "cutlass_ops_conv2d_dgrad_f16_sm80_64x256x32_4s_1x4w_o_strided_align8"
+    wgrad = "cutlass_ops_conv2d_wgrad_f16_sm80_64x64x64_4s_2x2w_o_align8"
+    rows = [
+        _backward_row(1, "dgrad", dgrad, 512, (64, 256, 32), 0.030, warps=(1, 4, 1)),
+        _backward_row(2, "dgrad", "cudnn", 512, (0, 0, 0), 0.040),           # ours wins at N=512
+        _backward_row(3, "dgrad", "cudnn", 2048, (0, 0, 0), 0.100),          # cuDNN wins at N=2048
+        _backward_row(4, "dgrad", dgrad, 2048, (64, 256, 32), 0.120, warps=(1, 4, 1)),
+        _backward_row(5, "wgrad", wgrad, 512, (64, 64, 64), 0.020, split=32),  # parallel split-K kept
+        _backward_row(6, "wgrad", wgrad, 512, (64, 64, 64), 0.050, split=1),
+    ]
+    _profile(tmp_path / "profiles", header + "".join(rows))
+    key = InstanceKey("conv2d_dgrad", 80, "f16", 8)
+    tiles, rules, _ = select_tiles(key, tmp_path / "profiles")
+    assert Tile((64, 256, 32), (1, 4, 1), 4) in tiles
+    assert [(r.problem.gemm_m, r.tile is None, r.strided_dgrad) for r in rules] == [
+        (512 * 256, False, True), (2048 * 256, True, None)]
+    wkey = InstanceKey("conv2d_wgrad", 80, "f16", 8)
+    assert [r.split_k for r in select_tiles(wkey, tmp_path / "profiles")[1]] == [32]
+    out = tmp_path / "gen"
+    generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
+    table = (out / "conv2d_backward_dispatch_table.cpp").read_text()
+    names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
+    ours = re.search(r"\{ConvKind::kDgrad, DType::kF16, 64, 64, 3, 3, 1, 131072LL, (\d+), 1\}", table)
+    assert ours and names[int(ours.group(1))] == dgrad
+    assert re.search(r"\{ConvKind::kDgrad, DType::kF16, 64, 64, 3, 3, 1, 524288LL, -1, 1\},  // cuDNN", table)
+    assert re.search(r"\{ConvKind::kWgrad, DType::kF16, 64, 64, 3, 3, 1, 131072LL, \d+, 32\}", table)
+    # bf16 borrows the f16 winners; the fused table has no backward rules
+    assert "kNumProfileRules = 6" in table
+    assert "kNumProfileRules = 0" in (out / "conv2d_fused_dispatch_table.cpp").read_text()
 
 
 def test_volta_instance_uses_884():
@@ -112,7 +151,7 @@ def test_generator_writes_instances_table_and_cmake_list(tmp_path):
     assert "kNumKernels = 4" in table and "kNumKernels = 6" in backward
     for s in sources:
         assert f"&{s[:-3]}}}" in (table if "_fused_" in s else backward)
-    assert backward.count("ConvKind::kDgrad") == 4 and backward.count("ConvKind::kWgrad") == 2
+    assert backward.count('", ConvKind::kDgrad') == 4 and backward.count('", ConvKind::kWgrad') == 2
     cmake = (out / "instances.cmake").read_text()
     assert "CUTLASS_OPS_INSTANCES_SM80" in cmake and all(s in cmake for s in sources)
     # Re-running leaves files untouched (no needless recompiles).
