@@ -198,8 +198,10 @@ def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Se
 
     grad_output (N, K, P, Q), weight (K, C, R, S), input_size = x's (N, C, H, W).  fp16/bf16
     on an sm80+ GPU with C and K multiples of 8 run a generated CUTLASS dgrad kernel
-    (unity-stride or strided; the scale is read on the device in its epilogue); other
-    cases ATen (cuDNN on CUDA).  Returns (N, C, H, W) in grad_output's dtype, channels_last.
+    (unity-stride or strided; the scale is read on the device in its epilogue) unless the
+    build's profile measured cuDNN faster on the problem; other cases, and those, take
+    ATen (cuDNN on CUDA; the scale folded into the weight).  Returns (N, C, H, W) in
+    grad_output's dtype, channels_last.  ``conv2d_backward_last_kernel()`` says which ran.
     """
     return torch.ops.cutlass_ops.conv2d_dgrad(grad_output, weight, list(input_size), _pair(stride, "stride"),
                                               _pair(padding, "padding"), _as_tensor(scale, grad_output))
@@ -208,11 +210,14 @@ def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Se
 def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight_size: Sequence[int],
                  stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0) -> torch.Tensor:
     """``dL/dw`` of ``y = conv2d(input, w, stride, padding)`` given ``dL/dy``, in float32
-    (float64 for float64 input): not rounded to 16 bits.
+    (float64 for float64 input).
 
     fp16/bf16 on an sm80+ GPU with C and K multiples of 8 run a generated CUTLASS wgrad
-    kernel, split over N*P*Q into float32 partial sums that one ATen sum adds up; other
-    cases ATen (cuDNN on CUDA).  Returns (K, C, R, S) in channels_last memory.
+    kernel, split over N*P*Q into float32 partial sums that one ATen sum adds up (dw is
+    never rounded to 16 bits), unless the build's profile measured cuDNN faster on the
+    problem; other cases, and those, take ATen (cuDNN on CUDA, which writes 16-bit dw as
+    PyTorch's own backward does; it is converted to float32).  Returns (K, C, R, S) in
+    channels_last memory.
     """
     return torch.ops.cutlass_ops.conv2d_wgrad(grad_output, input, list(weight_size), _pair(stride, "stride"),
                                               _pair(padding, "padding"))

@@ -131,7 +131,7 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def("conv2d_dgrad(Tensor grad_output, Tensor weight, int[4] input_size, int[2] stride=[1, 1], "
         "int[2] padding=[0, 0], Tensor? scale=None) -> Tensor");
   // dw = the gradient of conv2d(input, w, stride, padding) w.r.t. w, in float32 (float64
-  // for float64 input): not rounded to 16 bits.
+  // for float64 input; our kernels never round it to 16 bits, cuDNN's path does).
   m.def("conv2d_wgrad(Tensor grad_output, Tensor input, int[4] weight_size, int[2] stride=[1, 1], "
         "int[2] padding=[0, 0]) -> Tensor");
   // The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": the

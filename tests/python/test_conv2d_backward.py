@@ -84,13 +84,16 @@ def test_conv2d_wgrad(device, dtype, case, rng):
     poison_cuda_cache(64 * weight.numel() * 4)  # covers the split-K partial sums too
     with _no_tf32():
         got = cutlass_ops.conv2d_wgrad(dy, x, weight.shape, stride, pad)
-    _expect_kernel(device, dtype, case, "wgrad")
+    name = _expect_kernel(device, dtype, case, "wgrad")
     want = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad)
     assert got.shape == weight.shape and got.dtype == torch.float32
     assert got.is_contiguous(memory_format=torch.channels_last)
-    # float32 sums of the rounded inputs: far closer to float64 than a 16-bit output.
+    # Our kernels: float32 sums of the rounded inputs, far closer to float64 than a 16-bit
+    # output.  cuDNN on CUDA (the fallback) writes 16-bit dw, converted afterwards.
+    cudnn_16bit = device == "cuda" and dtype in LOW and name.startswith("aten")
+    bound = TOLERANCE[dtype] if cudnn_16bit else (1e-5, 1e-4)
     rel, mx = errors(got, want)
-    assert rel < 1e-5 and mx < 1e-4, (rel, mx)
+    assert rel < bound[0] and mx < bound[1], (rel, mx)
 
 
 def _built_kernels(kind, dtype):
