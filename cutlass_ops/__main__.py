@@ -70,16 +70,6 @@ def cmd_bench(args) -> int:
         print_train_table(result)
         write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/train.json"), result)
         return 0
-    if args.what == "conv-backward":
-        from .train_bench import bench_conv_backward, print_conv_backward_table
-        result = bench_conv_backward(args.batch if args.batch != RESNET_BATCHES else [512, 2048],
-                                     _dtype(args.dtype or "fp16"), args.in_channels, iters=min(args.iters, 50),
-                                     progress=lambda m: print(m, file=sys.stderr, flush=True))
-        result["environment"] = environment()
-        print_conv_backward_table(result)
-        default_out = "bench_results/conv_backward.json"
-        write_json(Path(args.out if args.out != "bench_results/conv.json" else default_out), result)
-        return 0
     if args.what == "giou":
         from .giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
@@ -167,16 +157,15 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmark one fused conv layer against PyTorch baselines "
                                      "(CUDA events, medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "conv-backward"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train"],
                    help="conv: one fused conv layer; resnet: FusedResNet vs eager, CUDA graph, "
                         "TorchScript and torch.compile (writes JSON and a bar plot PNG); giou: "
                         "the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision forms; "
                         "train: a FusedResNet training step (fwd+bwd) vs eager, CUDA graph and "
-                        "torch.compile, with peak memory; conv-backward: our CUTLASS dgrad/wgrad vs "
-                        "cuDNN's on each FusedResNet conv")
+                        "torch.compile, with peak memory (dgrad/wgrad vs cuDNN per conv: "
+                        "`profile --backward`)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
-                   help="resnet: batch sizes (default 1 32 128 512 2048); train, conv-backward: "
-                        "default 512 2048")
+                   help="resnet: batch sizes (default 1 32 128 512 2048); train: default 512 2048")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None, help="resnet/train: subset of systems to time")
     b.add_argument("--merge", action="store_true",

@@ -1,5 +1,6 @@
-"""Autograd for conv2d_fused, se_gate and space_to_depth_conv: dgrad/wgrad through ATen
-(cuDNN), not fused CUTLASS kernels yet; our own CUDA kernels for the epilogues and se_gate.
+"""Autograd for conv2d_fused, se_gate and space_to_depth_conv: the convs' dgrad/wgrad through
+our conv2d_dgrad/conv2d_wgrad ops (generated CUTLASS kernels, or cuDNN where the build's
+profile measured it faster), our own CUDA kernels for the epilogues and se_gate.
 
 Training works (loss.backward(), torch.optim; fp16/bf16 and float32 weights, and
 torch.autocast through FusedResNet).  What the backward does, per op:
@@ -13,14 +14,16 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     squeeze and gate recomputed, the excite MLP's backward, grad_h and grad_identity) in
     the se_gate_backward op: three kernels (a pass per image, the MLP's backward for 1-8
     images per CTA, a grad_h pass) and the batch sums of the excite weights' gradients.
-  - The conv's dgrad and wgrad: one aten.convolution_backward (cuDNN on CUDA, in the
-    activations' dtype with float32 accumulation, as PyTorch's own backward).  The FixUp
-    scale's gradient sum(g * conv(x, w)) is taken as <w, wgrad(g, x)>, so the conv is not
-    recomputed either.
+  - The conv's dgrad: conv2d_dgrad, the FixUp scale applied in the CUTLASS kernel's
+    epilogue (alpha read on the device) or folded into the weight for cuDNN.
+  - The conv's wgrad: conv2d_wgrad, which also returns the FixUp scale's gradient
+    sum(g * conv(x, w)) = <w, wgrad(g, x)> (the conv is not recomputed): on CUDA one
+    kernel after the wgrad sums its split-K slices, scales and takes that dot product.
+    Which kernel each conv ran: cutlass_ops.ops.conv2d_backward_last_kernel().
   - Other bias gradients: float32 sums over the 16-bit gradients.
 Saved: the op inputs and outputs (16-bit activations; FusedResNet's outputs are the next
-op's inputs, so that costs no memory).  The fused CUTLASS dgrad/wgrad kernels are future
-work (issue: FusedResNet training).
+op's inputs, so that costs no memory).  Not fused yet: the ReLU mask and the FixUp bias
+sums into the convs' GEMMs (relu_backward is its own pass).
 """
 from __future__ import annotations
 
@@ -93,13 +96,10 @@ def _conv_backward(ctx, grad):
     if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
         grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
     if needs[1] or want_scale:
-        # wgrad(g, x) = G (float32) gives dw = s*G and ds = sum(g * conv(x, w)) = <w, G>,
-        # so the conv is not recomputed.
-        wgrad = conv2d_wgrad(g, x, w.shape, ctx.stride, ctx.padding)
-        if want_scale:
-            grad_scale = _grad_as((wgrad * w.to(wgrad.dtype)).sum(), scale_meta)
-        if needs[1]:
-            grad_w = wgrad if scale is None else wgrad * scale.to(wgrad.dtype).reshape(())
+        # With G = wgrad(g, x): dw = s*G and ds = sum(g * conv(x, w)) = <w, G> (the conv is not
+        # recomputed); conv2d_wgrad returns both, from one pass over G on CUDA.
+        grad_w, grad_scale = conv2d_wgrad(g, x, w, ctx.stride, ctx.padding, scale)
+        grad_scale = _grad_as(grad_scale, scale_meta) if want_scale else None
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 

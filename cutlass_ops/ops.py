@@ -207,20 +207,23 @@ def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Se
                                               _pair(padding, "padding"), _as_tensor(scale, grad_output))
 
 
-def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight_size: Sequence[int],
-                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0) -> torch.Tensor:
-    """``dL/dw`` of ``y = conv2d(input, w, stride, padding)`` given ``dL/dy``, in float32
-    (float64 for float64 input).
+def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+                 scale: Scalar = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight gradients of ``y = scale * conv2d(input, weight, stride, padding)`` (FixUp's
+    scaled conv) given ``dL/dy``: with G = dL/dw of the conv, returns ``(scale * G, <weight, G>)``
+    = (dL/dweight, dL/dscale), in float32 (float64 for float64 input).  Without a scale: (G,
+    <weight, G>).
 
     fp16/bf16 on an sm80+ GPU with C and K multiples of 8 run a generated CUTLASS wgrad
-    kernel, split over N*P*Q into float32 partial sums that one ATen sum adds up (dw is
-    never rounded to 16 bits), unless the build's profile measured cuDNN faster on the
-    problem; other cases, and those, take ATen (cuDNN on CUDA, which writes 16-bit dw as
-    PyTorch's own backward does; it is converted to float32).  Returns (K, C, R, S) in
-    channels_last memory.
+    kernel, split over N*P*Q into float32 partial sums (G is never rounded to 16 bits),
+    unless the build's profile measured cuDNN faster on the problem; other cases, and those,
+    take ATen (cuDNN on CUDA, which writes a 16-bit G as PyTorch's own backward does).  On
+    CUDA one more kernel then sums the slices, scales and takes the dot product.  dL/dweight
+    is (K, C, R, S) in channels_last memory.
     """
-    return torch.ops.cutlass_ops.conv2d_wgrad(grad_output, input, list(weight_size), _pair(stride, "stride"),
-                                              _pair(padding, "padding"))
+    return torch.ops.cutlass_ops.conv2d_wgrad(grad_output, input, weight, _pair(stride, "stride"),
+                                              _pair(padding, "padding"), _as_tensor(scale, grad_output))
 
 
 def conv2d_backward_last_kernel() -> str:
@@ -242,8 +245,9 @@ def _conv2d_dgrad_fake(grad_output, weight, input_size, stride=(1, 1), padding=(
 
 
 @torch.library.register_fake("cutlass_ops::conv2d_wgrad")
-def _conv2d_wgrad_fake(grad_output, input, weight_size, stride=(1, 1), padding=(0, 0)):
-    torch._check(tuple(grad_output.shape) == _conv_output_size(input.shape, weight_size, stride, padding),
+def _conv2d_wgrad_fake(grad_output, input, weight, stride=(1, 1), padding=(0, 0), scale=None):
+    torch._check(tuple(grad_output.shape) == _conv_output_size(input.shape, weight.shape, stride, padding),
                  lambda: "conv2d_wgrad: grad_output shape is not the conv's output shape")
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
-    return input.new_empty(list(weight_size), dtype=acc).contiguous(memory_format=torch.channels_last)
+    grad_weight = input.new_empty(weight.shape, dtype=acc).contiguous(memory_format=torch.channels_last)
+    return grad_weight, input.new_empty((), dtype=acc)

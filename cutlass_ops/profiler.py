@@ -322,18 +322,15 @@ def sweep_backward(problems: list[dict], out: Path, dtype=torch.float16, iters: 
             key = _problem_key(p)
             if key not in cache:
                 cache = {key: _backward_inputs(p, dtype)}
-            x, w, dy, ref_dx, ref_dw = cache[key]
+            x, w, dy, scale, ref_dx, ref_dw = cache[key]
             st, pad = p["stride"], p["pad"]
-            if k.string == "cudnn":
-                mask = [kind == "dgrad", kind == "wgrad", False]
-                fn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [st, st], [pad, pad], [1, 1],
-                                                                 False, [0, 0], 1, mask)[0 if kind == "dgrad" else 1]
-            elif kind == "dgrad":
-                fn = lambda: conv2d_dgrad(dy, w, x.shape, st, pad)
+            # Both at the op level (cuDNN forced by name): the op's own passes count for both,
+            # wgrad's epilogue over its split-K slices among them.
+            if kind == "dgrad":
+                fn = lambda: conv2d_dgrad(dy, w, x.shape, st, pad, scale)
             else:
-                fn = lambda: conv2d_wgrad(dy, x, w.shape, st, pad)
-            if k.string != "cudnn":
-                torch.ops.cutlass_ops.conv2d_backward_force_kernel(k.string, split)
+                fn = lambda: conv2d_wgrad(dy, x, w, st, pad, scale)[0]
+            torch.ops.cutlass_ops.conv2d_backward_force_kernel(k.string, split)
             try:
                 got = fn()
                 ref = ref_dx if kind == "dgrad" else ref_dw
@@ -365,7 +362,8 @@ def _backward_inputs(p: dict, dtype):
     w = (w / (p["c"] * p["r"] * p["s"]) ** 0.5).contiguous(memory_format=cl)
     y = F.conv2d(x, w, stride=p["stride"], padding=p["pad"])
     dy = torch.randn(y.shape, device="cuda", dtype=dtype, generator=g).contiguous(memory_format=cl)
+    scale = torch.tensor(0.5, device="cuda")  # the FixUp scale conv2's gradients carry
     ref_dx, ref_dw, _ = torch.ops.aten.convolution_backward(
         dy.float(), x.float(), w.float(), None, [p["stride"]] * 2, [p["pad"]] * 2, [1, 1], False, [0, 0], 1,
         [True, True, False])
-    return x, w, dy, ref_dx, ref_dw
+    return x, w, dy, scale, ref_dx * 0.5, ref_dw * 0.5

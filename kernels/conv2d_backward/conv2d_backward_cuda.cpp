@@ -1,6 +1,8 @@
 // CUDA implementations of cutlass_ops::conv2d_dgrad / conv2d_wgrad: the generated CUTLASS
 // dgrad/wgrad kernels (conv2d_backward_dispatch.h) for fp16/bf16 with channel counts that
-// are multiples of 8 on sm80+; everything else takes the ATen composite (cuDNN).
+// are multiples of 8 on sm80+, unless the build's profile measured cuDNN faster; else cuDNN
+// (through ATen).  Either way the FixUp scale is applied by our weight-sized kernels
+// (weight_grad_kernel.h): wgrad's epilogue pass, and the scaled weight cuDNN's dgrad reads.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -13,13 +15,12 @@
 #include "common/cuda_device.h"
 #include "conv2d_backward/conv2d_backward_dispatch.h"
 #include "conv2d_backward/conv2d_backward_op.h"
+#include "conv2d_backward/weight_grad_kernel.h"
 
 namespace cutlass_ops {
 namespace conv2d_backward {
 
 namespace {
-
-constexpr char kCudnnByProfile[] = "aten (the profile measured cuDNN faster here)";
 
 bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
@@ -37,9 +38,18 @@ bool fits_int32(ConvShape const& s) {
   return s.N * s.C * s.H * s.W < INT32_MAX && s.N * s.K * s.P * s.Q < INT32_MAX;
 }
 
-// The dispatcher's plan, or the profiler's forced kernel.
+// "aten (cuDNN: <why>)" when cuDNN ran by choice.
+std::string cudnn_label(Plan const& p) { return "aten (cuDNN: " + p.why_not + ")"; }
+
+// The dispatcher's plan, or the profiler's forced kernel ("cudnn": the ATen path).
 Plan plan_for(Conv2dBackwardArgs const& a, int dev) {
   ForcedChoice const& forced = forced_choice_slot();
+  if (forced.kernel == "cudnn") {
+    Plan p;
+    p.prefer_cudnn = true;
+    p.why_not = "forced";
+    return p;
+  }
   Plan p = plan(a, compute_capability(dev), multiprocessor_count(dev),
                 forced.kernel.empty() ? nullptr : forced.kernel.c_str(), forced.split_k);
   TORCH_CHECK_VALUE(p.kernel != nullptr || forced.kernel.empty(), "conv2d_backward: the forced kernel ",
@@ -50,7 +60,7 @@ Plan plan_for(Conv2dBackwardArgs const& a, int dev) {
 // Runs the plan's kernel; false (nothing launched) when no kernel fits.
 bool run_planned(Conv2dBackwardArgs a, at::Tensor const& out, char const* op, Plan const& p) {
   if (p.kernel == nullptr) {
-    if (p.cudnn_measured_faster) return false;  // the profile's choice, not a gap: no warning
+    if (p.prefer_cudnn) return false;  // a choice, not a gap: no warning
     TORCH_WARN_ONCE("cutlass_ops.", op, ": no generated kernel fits (", p.why_not,
                     "); using the slower ATen composite (cuDNN).");
     return false;
@@ -66,6 +76,22 @@ bool run_planned(Conv2dBackwardArgs a, at::Tensor const& out, char const* op, Pl
   return true;
 }
 
+
+Elem elem_of(at::ScalarType t) {
+  return t == at::kHalf ? Elem::kF16 : t == at::kBFloat16 ? Elem::kBF16 : Elem::kF32;
+}
+
+// cuDNN's dgrad takes no alpha: fold the scale into the (small) weight in one kernel.
+at::Tensor scaled_weight(at::Tensor const& weight, at::Tensor const& scale_f, int dev) {
+  auto w = weight.contiguous(at::MemoryFormat::ChannelsLast);
+  auto out = at::empty_like(w);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
+  C10_CUDA_CHECK(launch_scaled_weight(w.data_ptr(), elem_of(w.scalar_type()), w.numel(), scale_f.data_ptr<float>(),
+                                      out.data_ptr(), weight_grad_blocks(w.numel(), multiprocessor_count(dev)),
+                                      stream));
+  return out;
+}
+
 }  // namespace
 
 at::Tensor conv2d_dgrad_cuda(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
@@ -77,61 +103,82 @@ at::Tensor conv2d_dgrad_cuda(at::Tensor const& grad_output, at::Tensor const& we
   }
   c10::cuda::CUDAGuard guard(grad_output.device());
   auto cl = at::MemoryFormat::ChannelsLast;
-  auto dx = at::empty({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl));
-  if (dx.numel() == 0 || grad_output.numel() == 0) {
+  int dev = grad_output.device().index();
+  at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
+  if (grad_output.numel() == 0 || s.N * s.C * s.H * s.W == 0) {
     last_kernel_slot() = "none (empty)";
-    return dx.zero_();
+    return at::zeros({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl));
   }
   at::Tensor dy = grad_output.contiguous(cl), w = weight.contiguous(cl);
-  at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
   Conv2dBackwardArgs a = make_args(ConvKind::kDgrad, grad_output, s, stride, padding);
   a.grad_output = dy.data_ptr();
   a.weight = w.data_ptr();
-  a.output = dx.data_ptr();
   a.scale = scale ? scale_f.data_ptr<float>() : nullptr;
-  Plan p = plan_for(a, grad_output.device().index());
+  a.output = nullptr;  // planned before the allocation (allocations are 256-byte aligned)
+  Plan p = plan_for(a, dev);
+  at::Tensor dx = p.kernel != nullptr ? at::empty({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl))
+                                      : at::Tensor();
+  a.output = p.kernel != nullptr ? dx.data_ptr() : nullptr;
   if (!run_planned(a, dx, "conv2d_dgrad", p)) {
-    dx = conv2d_dgrad_aten(grad_output, weight, input_size, stride, padding, scale);
-    if (p.cudnn_measured_faster) last_kernel_slot() = kCudnnByProfile;
+    dx = conv2d_dgrad_aten(dy, scale ? scaled_weight(w, scale_f, dev) : w, input_size, stride, padding, c10::nullopt);
+    if (p.prefer_cudnn) last_kernel_slot() = cudnn_label(p);
   }
   return dx;
 }
 
-at::Tensor conv2d_wgrad_cuda(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
-                             at::IntArrayRef stride, at::IntArrayRef padding) {
-  ConvShape s = check_wgrad(grad_output, input, weight_size, stride, padding);
+std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_output, at::Tensor const& input,
+                                                     at::Tensor const& weight, at::IntArrayRef stride,
+                                                     at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
+  ConvShape s = check_wgrad(grad_output, input, weight, stride, padding, scale);
   if (!is_half(grad_output.scalar_type()) || !fits_int32(s)) {
-    return conv2d_wgrad_aten(grad_output, input, weight_size, stride, padding);
+    return conv2d_wgrad_aten(grad_output, input, weight, stride, padding, scale);
   }
   c10::cuda::CUDAGuard guard(grad_output.device());
   auto cl = at::MemoryFormat::ChannelsLast;
   auto f32 = grad_output.options().dtype(at::kFloat);
+  int dev = grad_output.device().index();
   if (grad_output.numel() == 0) {
     last_kernel_slot() = "none (empty)";
-    return at::zeros({s.K, s.C, s.R, s.S}, f32.memory_format(cl));
+    return {at::zeros({s.K, s.C, s.R, s.S}, f32.memory_format(cl)), at::zeros({}, f32)};
   }
-  at::Tensor dy = grad_output.contiguous(cl), x = input.contiguous(cl);
+  at::Tensor dy = grad_output.contiguous(cl), x = input.contiguous(cl), w = weight.contiguous(cl);
   Conv2dBackwardArgs a = make_args(ConvKind::kWgrad, grad_output, s, stride, padding);
   a.grad_output = dy.data_ptr();
   a.input = x.data_ptr();
-  int dev = grad_output.device().index();
-  // Plan first (the output is not allocated yet: the dispatcher skips a null pointer's
-  // alignment; allocations are 256-byte aligned), then allocate the split's partial sums.
-  a.output = nullptr;
+  a.output = nullptr;  // planned before the allocation (allocations are 256-byte aligned)
   Plan p = plan_for(a, dev);
-  int slices = p.split_k_slices;
-  // Slices x (K, R, S, C): slice i is K x R x S x C floats at offset i * K*R*S*C.
-  auto partial = p.kernel != nullptr ? at::empty({slices, s.K, s.R, s.S, s.C}, f32) : at::Tensor();
-  a.output = p.kernel != nullptr ? partial.data_ptr() : nullptr;
-  if (!run_planned(a, partial, "conv2d_wgrad", p)) {
-    auto dw = conv2d_wgrad_aten(grad_output, input, weight_size, stride, padding);
-    if (p.cudnn_measured_faster) last_kernel_slot() = kCudnnByProfile;
-    return dw;
+  // G: our kernel's float32 partial sums, slices x (K, R, S, C), or cuDNN's 16-bit dw
+  // (channels_last (K, C, R, S): the same K, R, S, C order in memory).
+  at::Tensor g;
+  int slices = 1;
+  if (p.kernel != nullptr) {
+    slices = p.split_k_slices;
+    g = at::empty({slices, s.K, s.R, s.S, s.C}, f32);
+    a.output = g.data_ptr();
+    run_planned(a, g, "conv2d_wgrad", p);
+  } else {
+    run_planned(a, g, "conv2d_wgrad", p);  // warns unless the profile chose cuDNN
+    g = std::get<1>(at::convolution_backward(dy, x, w, c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
+                                             {false, true, false}))
+            .contiguous(cl);
+  }
+  // One pass over G: the split's sum, dw = scale * G, and per-block parts of <w, G>.
+  at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
+  int64_t n = w.numel();
+  int blocks = weight_grad_blocks(n, multiprocessor_count(dev));
+  auto dw = at::empty({s.K, s.R, s.S, s.C}, f32);
+  auto partial_dots = at::empty({blocks}, f32);
+  WgradEpilogueArgs e{g.data_ptr(), elem_of(g.scalar_type()), slices, n, w.data_ptr(), elem_of(w.scalar_type()),
+                      scale ? scale_f.data_ptr<float>() : nullptr, dw.data_ptr<float>(),
+                      partial_dots.data_ptr<float>()};
+  C10_CUDA_CHECK(launch_wgrad_epilogue(e, blocks, c10::cuda::getCurrentCUDAStream(dev).stream()));
+  if (p.kernel == nullptr) {
+    last_kernel_slot() = (p.prefer_cudnn ? cudnn_label(p) : std::string("aten")) + " + wgrad epilogue";
+  } else {
+    last_kernel_slot() += " + wgrad epilogue over " + std::to_string(slices) + " split-K slice(s)";
   }
   // (K, R, S, C) memory is (K, C, R, S) channels_last.
-  auto dw = slices > 1 ? partial.sum(0) : partial.select(0, 0);
-  if (slices > 1) last_kernel_slot() += " + sum of " + std::to_string(slices) + " split-K slices";
-  return dw.permute({0, 3, 1, 2});
+  return {dw.permute({0, 3, 1, 2}), partial_dots.sum()};
 }
 
 std::vector<std::string> kernel_names() {

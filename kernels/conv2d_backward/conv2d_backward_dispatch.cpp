@@ -102,7 +102,7 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
   unity.insert(unity.end(), strided.begin(), strided.end());
   ProfileRule const* rule = only == nullptr ? profile_rule(a) : nullptr;
   if (rule != nullptr && rule->kernel == -1) {
-    result.cudnn_measured_faster = true;
+    result.prefer_cudnn = true;
     result.why_not = "the profile measured cuDNN faster on this problem";
     return result;
   }

@@ -31,7 +31,8 @@ extern const int kNumKernels;
 
 // A measured winner (profiles/, `python -m cutlass_ops profile --backward`): for this
 // problem class kKernels[kernel] with `split_k` slices was fastest at M = gemm_m (N*P*Q),
-// or, with kernel == -1, cuDNN was (the op then takes its ATen path).
+// or, with kernel == -1, cuDNN was (the op then takes its ATen path).  Profiled at the op
+// level: a wgrad row includes the epilogue pass over its slices.
 struct ProfileRule {
   ConvKind kind;
   DType dtype;
@@ -47,7 +48,7 @@ extern const int kNumProfileRules;
 struct Plan {
   KernelEntry const* kernel = nullptr;  // null: no kernel fits, or cuDNN is faster (the caller falls back)
   int split_k_slices = 1;               // wgrad: parallel split-K slices
-  bool cudnn_measured_faster = false;   // kernel is null because a profile rule says so
+  bool prefer_cudnn = false;            // kernel is null by choice (a profile rule, or forced)
   std::string why_not;                  // when kernel is null
 };
 

@@ -46,6 +46,16 @@ void check_operand(char const* op, char const* name, at::Tensor const& t, at::Te
                     " but grad_output is on ", grad_output.device());
 }
 
+void check_scale(char const* op, c10::optional<at::Tensor> const& scale, at::Tensor const& grad_output) {
+  if (!scale) return;
+  TORCH_CHECK_VALUE(scale->numel() == 1 && scale->dim() <= 1, op,
+                    ": scale must be a scalar tensor (0-d or one element), got shape ", scale->sizes());
+  TORCH_CHECK_VALUE(at::isFloatingType(scale->scalar_type()), op, ": scale must be floating, got ",
+                    scale->scalar_type());
+  TORCH_CHECK_VALUE(scale->device() == grad_output.device(), op, ": scale is on ", scale->device(),
+                    " but grad_output is on ", grad_output.device());
+}
+
 at::ScalarType accumulate_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 at::ScalarType compute_type(at::Tensor const& t) {
@@ -70,22 +80,18 @@ ConvShape check_dgrad(at::Tensor const& grad_output, at::Tensor const& weight, a
                       at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
   TORCH_CHECK_VALUE(weight.dim() == 4, "conv2d_dgrad: weight must be 4-D (K, C, R, S), got ", weight.dim(), "-D");
   check_operand("conv2d_dgrad", "weight", weight, grad_output);
-  if (scale) {
-    TORCH_CHECK_VALUE(scale->numel() == 1 && scale->dim() <= 1,
-                      "conv2d_dgrad: scale must be a scalar tensor (0-d or one element), got shape ", scale->sizes());
-    TORCH_CHECK_VALUE(at::isFloatingType(scale->scalar_type()), "conv2d_dgrad: scale must be floating, got ",
-                      scale->scalar_type());
-    TORCH_CHECK_VALUE(scale->device() == grad_output.device(), "conv2d_dgrad: scale is on ", scale->device(),
-                      " but grad_output is on ", grad_output.device());
-  }
+  check_scale("conv2d_dgrad", scale, grad_output);
   return conv_shape("conv2d_dgrad", grad_output, input_size, weight.sizes(), stride, padding);
 }
 
-ConvShape check_wgrad(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
-                      at::IntArrayRef stride, at::IntArrayRef padding) {
+ConvShape check_wgrad(at::Tensor const& grad_output, at::Tensor const& input, at::Tensor const& weight,
+                      at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
   TORCH_CHECK_VALUE(input.dim() == 4, "conv2d_wgrad: input must be 4-D (N, C, H, W), got ", input.dim(), "-D");
+  TORCH_CHECK_VALUE(weight.dim() == 4, "conv2d_wgrad: weight must be 4-D (K, C, R, S), got ", weight.dim(), "-D");
   check_operand("conv2d_wgrad", "input", input, grad_output);
-  return conv_shape("conv2d_wgrad", grad_output, input.sizes(), weight_size, stride, padding);
+  check_operand("conv2d_wgrad", "weight", weight, grad_output);
+  check_scale("conv2d_wgrad", scale, grad_output);
+  return conv_shape("conv2d_wgrad", grad_output, input.sizes(), weight.sizes(), stride, padding);
 }
 
 at::Tensor conv2d_dgrad_aten(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
@@ -103,23 +109,25 @@ at::Tensor conv2d_dgrad_aten(at::Tensor const& grad_output, at::Tensor const& we
   auto cl = at::MemoryFormat::ChannelsLast;
   auto dx = at::conv_transpose2d(grad_output.to(compute).contiguous(cl), w.to(compute).contiguous(cl), {}, stride,
                                  padding, {out_pad_h, out_pad_w});
-  auto result = at::empty({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl));
-  result.copy_(dx);
-  return result;
+  // No copy when cuDNN already wrote channels_last in the output dtype (the usual case).
+  return dx.to(grad_output.scalar_type()).contiguous(cl);
 }
 
-at::Tensor conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
-                             at::IntArrayRef stride, at::IntArrayRef padding) {
+std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& input,
+                                                     at::Tensor const& weight, at::IntArrayRef stride,
+                                                     at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
   last_kernel_slot() = "aten";
-  check_wgrad(grad_output, input, weight_size, stride, padding);
+  check_wgrad(grad_output, input, weight, stride, padding, scale);
   auto compute = compute_type(grad_output);
+  auto acc = accumulate_type(grad_output.scalar_type());
   auto cl = at::MemoryFormat::ChannelsLast;
   // convolution_backward reads only the weight's shape.
-  auto weight_shape = at::empty(weight_size, grad_output.options().dtype(compute).memory_format(cl));
   auto grads = at::convolution_backward(grad_output.to(compute).contiguous(cl), input.to(compute).contiguous(cl),
-                                        weight_shape, c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
+                                        weight.to(compute), c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
                                         {false, true, false});
-  return std::get<1>(grads).to(accumulate_type(grad_output.scalar_type())).contiguous(cl);
+  auto g = std::get<1>(grads).to(acc).contiguous(cl);
+  auto grad_scale = (g * weight.to(acc)).sum();
+  return {scale ? g * scale->to(acc).reshape({}) : g, grad_scale};
 }
 
 }  // namespace conv2d_backward
@@ -130,16 +138,17 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // grad_output's dtype; x's size given.
   m.def("conv2d_dgrad(Tensor grad_output, Tensor weight, int[4] input_size, int[2] stride=[1, 1], "
         "int[2] padding=[0, 0], Tensor? scale=None) -> Tensor");
-  // dw = the gradient of conv2d(input, w, stride, padding) w.r.t. w, in float32 (float64
-  // for float64 input; our kernels never round it to 16 bits, cuDNN's path does).
-  m.def("conv2d_wgrad(Tensor grad_output, Tensor input, int[4] weight_size, int[2] stride=[1, 1], "
-        "int[2] padding=[0, 0]) -> Tensor");
+  // For y = scale * conv2d(input, weight, stride, padding) with G = dL/dw of the conv:
+  // (scale * G, <weight, G>) = (dL/dweight, dL/dscale), in float32 (float64 for float64
+  // input; our kernels never round G to 16 bits, cuDNN's path does).  No scale: (G, <w, G>).
+  m.def("conv2d_wgrad(Tensor grad_output, Tensor input, Tensor weight, int[2] stride=[1, 1], "
+        "int[2] padding=[0, 0], Tensor? scale=None) -> (Tensor, Tensor)");
   // The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": the
   // ATen path).  For tests and for users checking their shapes hit the CUTLASS kernels.
   m.def("conv2d_backward_last_kernel() -> str", []() { return cutlass_ops::conv2d_backward::last_kernel_slot(); });
   // For the profiler: make this thread's CUDA conv2d_dgrad/conv2d_wgrad calls run the named
-  // kernel (wgrad with `split_k` slices; 0: the dispatcher's choice); an error when it
-  // cannot run the problem.  "" restores the normal choice.
+  // kernel (wgrad with `split_k` slices; 0: the dispatcher's choice), or "cudnn" (the ATen
+  // path); an error when the kernel cannot run the problem.  "" restores the normal choice.
   m.def("conv2d_backward_force_kernel(str name, int split_k=0) -> ()", [](std::string name, int64_t split_k) {
     TORCH_CHECK_VALUE(split_k >= 0 && split_k <= 256, "conv2d_backward_force_kernel: split_k must be 0..256, got ",
                       split_k);

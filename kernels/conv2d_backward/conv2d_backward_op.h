@@ -18,16 +18,19 @@ struct ConvShape {
 // Checks dy against the conv that x_size (or x), w_size (or w), stride and padding describe.
 ConvShape check_dgrad(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
                       at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale);
-ConvShape check_wgrad(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
-                      at::IntArrayRef stride, at::IntArrayRef padding);
+ConvShape check_wgrad(at::Tensor const& grad_output, at::Tensor const& input, at::Tensor const& weight,
+                      at::IntArrayRef stride, at::IntArrayRef padding, c10::optional<at::Tensor> const& scale);
 
 // The ATen composites (CPU, and the CUDA fallback: cuDNN there).  16-bit CUDA tensors stay
 // 16-bit (float32 accumulation, as PyTorch's own backward); otherwise float32/float64.
 at::Tensor conv2d_dgrad_aten(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
                              at::IntArrayRef stride, at::IntArrayRef padding,
                              c10::optional<at::Tensor> const& scale);
-at::Tensor conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& input, at::IntArrayRef weight_size,
-                             at::IntArrayRef stride, at::IntArrayRef padding);
+// (scale * G, <weight, G>) with G = wgrad(grad_output, input): FixUp's gradients of w and
+// of the scale in y = scale * conv(x, w).
+std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_aten(at::Tensor const& grad_output, at::Tensor const& input,
+                                                     at::Tensor const& weight, at::IntArrayRef stride,
+                                                     at::IntArrayRef padding, c10::optional<at::Tensor> const& scale);
 
 // The kernel the last conv2d_dgrad / conv2d_wgrad call on this thread ran ("aten" for the
 // ATen path; "+ sum of N slices" after a split wgrad).

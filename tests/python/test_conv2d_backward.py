@@ -36,7 +36,6 @@ def _operands(case, dtype, device, rng):
     return x, weight, dy, stride, pad
 
 
-CUDNN_BY_PROFILE = "aten (the profile measured cuDNN faster here)"
 
 
 def _expect_kernel(device, dtype, case, kind):
@@ -44,11 +43,11 @@ def _expect_kernel(device, dtype, case, kind):
     profile measured it faster (test_every_kernel covers every kernel regardless)."""
     name = cutlass_ops.ops.conv2d_backward_last_kernel()
     if device == "cuda" and dtype in LOW and case[1] % 8 == 0 and case[4] % 8 == 0:
-        assert name.startswith(f"cutlass_ops_conv2d_{kind}_") or name == CUDNN_BY_PROFILE, name
+        assert name.startswith((f"cutlass_ops_conv2d_{kind}_", "aten (cuDNN: the profile")), name
         if kind == "dgrad" and case[7] > 1:
             assert "_unity_" not in name, name
     else:
-        assert name == "aten", name
+        assert name.startswith("aten") and "cuDNN" not in name, name
     return name
 
 
@@ -79,21 +78,28 @@ def test_conv2d_dgrad(device, dtype, case, with_scale, rng):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW + [torch.float32])
 @pytest.mark.parametrize("case", CASES)
-def test_conv2d_wgrad(device, dtype, case, rng):
+@pytest.mark.parametrize("with_scale", [True, False])
+def test_conv2d_wgrad(device, dtype, case, with_scale, rng):
     x, weight, dy, stride, pad = _operands(case, dtype, device, rng)
+    scale = (torch.rand((), generator=rng) * 2 - 1.2).to(device) if with_scale else None  # random, non-zero
     poison_cuda_cache(64 * weight.numel() * 4)  # covers the split-K partial sums too
     with _no_tf32():
-        got = cutlass_ops.conv2d_wgrad(dy, x, weight.shape, stride, pad)
+        grad_w, grad_scale = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, scale)
     name = _expect_kernel(device, dtype, case, "wgrad")
-    want = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad)
-    assert got.shape == weight.shape and got.dtype == torch.float32
-    assert got.is_contiguous(memory_format=torch.channels_last)
+    g = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad)
+    s = scale.double().cpu() if with_scale else 1.0
+    assert grad_w.shape == weight.shape and grad_w.dtype == torch.float32 and grad_scale.shape == ()
+    assert grad_w.is_contiguous(memory_format=torch.channels_last)
     # Our kernels: float32 sums of the rounded inputs, far closer to float64 than a 16-bit
-    # output.  cuDNN on CUDA (the fallback) writes 16-bit dw, converted afterwards.
+    # output.  cuDNN on CUDA (the fallback) writes a 16-bit G, converted afterwards.
     cudnn_16bit = device == "cuda" and dtype in LOW and name.startswith("aten")
     bound = TOLERANCE[dtype] if cudnn_16bit else (1e-5, 1e-4)
-    rel, mx = errors(got, want)
-    assert rel < bound[0] and mx < bound[1], (rel, mx)
+    rel, mx = errors(grad_w, g * s)
+    assert rel < bound[0] and mx < bound[1], (name, rel, mx)
+    # d scale = <w, G>: relative to sum |w * G| (the dot may cancel)
+    want = (weight.double().cpu() * g).sum()
+    scale_err = (grad_scale.double().cpu() - want).abs() / (weight.double().cpu() * g).abs().sum()
+    assert scale_err < bound[0], (name, scale_err.item())
 
 
 def _built_kernels(kind, dtype):
@@ -106,33 +112,35 @@ def _built_kernels(kind, dtype):
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("case", KERNEL_CASES)
 def test_every_kernel(dtype, case, rng):
-    """Every built dgrad/wgrad kernel (whatever the dispatcher or the profile would pick)
-    on each eligible shape; wgrad unsplit and split 2 and 7 ways (7: slices of unequal length)."""
+    """Every built dgrad/wgrad kernel (whatever the dispatcher or the profile would pick),
+    and the cuDNN path, on each eligible shape; wgrad unsplit and split 2 and 7 ways (7:
+    slices of unequal length)."""
     x, weight, dy, stride, pad = _operands(case, dtype, "cuda", rng)
     scale = (torch.rand((), generator=rng) + 0.5).cuda()
     want_dx = conv2d_input(x.shape, weight.double().cpu() * scale.double().cpu(), dy.double().cpu(), stride, pad)
-    want_dw = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad)
+    want_dw = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad) * scale.double().cpu()
     ran = 0
     for kind in ("dgrad", "wgrad"):
-        for name in _built_kernels(kind, dtype):
+        for name in _built_kernels(kind, dtype) + ["cudnn"]:  # "cudnn": the ATen path, forced
             if kind == "dgrad" and stride > 1 and "_unity_" in name:
                 continue
-            for split in ([0] if kind == "dgrad" else [1, 2, 7]):
+            for split in ([0] if kind == "dgrad" or name == "cudnn" else [1, 2, 7]):
                 torch.ops.cutlass_ops.conv2d_backward_force_kernel(name, split)
                 try:
                     poison_cuda_cache(8 * weight.numel() * 4 + x.numel() * 2)
                     if kind == "dgrad":
-                        got, want, bound = cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, scale), want_dx, \
-                            TOLERANCE[dtype]
+                        got, want = cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, scale), want_dx
+                        bound = TOLERANCE[dtype]
                     else:
-                        got, want, bound = cutlass_ops.conv2d_wgrad(dy, x, weight.shape, stride, pad), want_dw, \
-                            (1e-5, 1e-4)
+                        got, want = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, scale)[0], want_dw
+                        bound = TOLERANCE[dtype] if name == "cudnn" else (1e-5, 1e-4)  # cuDNN: 16-bit G
                 except ValueError as e:  # can_implement said no: only for too few K-iterations
                     assert "cannot run this problem" in str(e) and split > 1, (name, split, e)
                     continue
                 finally:
                     torch.ops.cutlass_ops.conv2d_backward_force_kernel("")
-                assert cutlass_ops.ops.conv2d_backward_last_kernel().startswith(name)
+                last = cutlass_ops.ops.conv2d_backward_last_kernel()
+                assert last.startswith(name if name != "cudnn" else "aten (cuDNN: forced)"), last
                 rel, mx = errors(got, want)
                 assert rel < bound[0] and mx < bound[1], (name, split, rel, mx)
                 ran += 1
@@ -145,10 +153,11 @@ def test_float64_is_exact_aten(device, rng):
     x, weight, dy, stride, pad = _operands(case, torch.float64, device, rng)
     scale = torch.tensor(-0.7, dtype=torch.float64, device=device)
     dx = cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, scale)
-    dw = cutlass_ops.conv2d_wgrad(dy, x, weight.shape, stride, pad)
-    assert dx.dtype == dw.dtype == torch.float64
-    for got, want in ((dx, conv2d_input(x.shape, weight * scale, dy, stride, pad)),
-                      (dw, conv2d_weight(x, weight.shape, dy, stride, pad))):
+    dw, ds = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, scale)
+    assert dx.dtype == dw.dtype == ds.dtype == torch.float64
+    g = conv2d_weight(x, weight.shape, dy, stride, pad)
+    for got, want in ((dx, conv2d_input(x.shape, weight * scale, dy, stride, pad)), (dw, g * scale),
+                      (ds, (g * weight).sum())):
         rel, mx = errors(got, want)
         assert rel < 1e-12 and mx < 1e-11, (rel, mx)
 
@@ -159,17 +168,19 @@ def test_bad_input(device, rng):
     with pytest.raises(ValueError, match="grad_output shape"):
         cutlass_ops.conv2d_dgrad(dy[:, :, 1:], weight, x.shape, stride, pad)
     with pytest.raises(ValueError, match="grad_output shape"):
-        cutlass_ops.conv2d_wgrad(dy, x, weight.shape, 2, pad)
+        cutlass_ops.conv2d_wgrad(dy, x, weight, 2, pad)
     with pytest.raises(ValueError, match="weight dtype"):
         cutlass_ops.conv2d_dgrad(dy, weight.float(), x.shape, stride, pad)
     with pytest.raises(ValueError, match="input dtype"):
-        cutlass_ops.conv2d_wgrad(dy, x.float(), weight.shape, stride, pad)
+        cutlass_ops.conv2d_wgrad(dy, x.float(), weight, stride, pad)
     with pytest.raises(ValueError, match="scale must be a scalar"):
         cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, torch.ones(2, device=device))
     with pytest.raises(ValueError, match="channels but weight expects"):
         cutlass_ops.conv2d_dgrad(dy, weight, (3, 32, 16, 16), stride, pad)
     with pytest.raises(ValueError, match="stride must be >= 1"):
-        cutlass_ops.conv2d_wgrad(dy, x, weight.shape, 0, pad)
+        cutlass_ops.conv2d_wgrad(dy, x, weight, 0, pad)
+    with pytest.raises(ValueError, match="weight dtype"):
+        cutlass_ops.conv2d_wgrad(dy, x, weight.float(), stride, pad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -179,26 +190,41 @@ def test_opcheck(device, rng):
     torch.library.opcheck(torch.ops.cutlass_ops.conv2d_dgrad.default,
                           (dy, weight, list(x.shape), [stride] * 2, [pad] * 2, scale))
     torch.library.opcheck(torch.ops.cutlass_ops.conv2d_wgrad.default,
-                          (dy, x, list(weight.shape), [stride] * 2, [pad] * 2))
+                          (dy, x, weight, [stride] * 2, [pad] * 2, scale))
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
-def test_kernels_under_cuda_graph(rng):
-    """The wgrad split (its partial sums' allocation and sum) and the dgrad scale read on
-    the device replay correctly from a CUDA graph with new inputs."""
+@pytest.mark.parametrize("kind", ["dgrad", "wgrad"])
+def test_kernels_under_cuda_graph(kind, rng):
+    """Our kernels (forced: the profile may prefer cuDNN for this shape) replay correctly
+    from a CUDA graph with new inputs: the wgrad split's partial sums (allocated in the
+    graph's pool) and its epilogue pass, and the scale read on the device."""
     x, weight, dy, stride, pad = _operands(CASES[7], torch.float16, "cuda", rng)
     scale = torch.tensor(0.5, device="cuda")
-    for _ in range(2):  # warm-up on a side stream, as torch.cuda.graph needs
-        cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, scale)
-        cutlass_ops.conv2d_wgrad(dy, x, weight.shape, stride, pad)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dx = cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, scale)
-        dw = cutlass_ops.conv2d_wgrad(dy, x, weight.shape, stride, pad)
+    name = [k for k in _built_kernels(kind, torch.float16) if "_strided_" not in k][0]
+    if kind == "dgrad":
+        fn = lambda: cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad, scale)  # noqa: E731
+    else:
+        fn = lambda: cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, scale)[0]  # noqa: E731
+    torch.ops.cutlass_ops.conv2d_backward_force_kernel(name, 0)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph needs
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+    finally:
+        torch.ops.cutlass_ops.conv2d_backward_force_kernel("")
     dy.copy_(torch.randn(dy.shape, generator=rng).to(dy))
     scale.fill_(-1.25)
+    out.fill_(float("nan"))
     graph.replay()
-    rel, _ = errors(dx, conv2d_input(x.shape, weight.double().cpu() * -1.25, dy.double().cpu(), stride, pad))
-    assert rel < 1e-3, rel
-    rel, _ = errors(dw, conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad))
-    assert rel < 1e-5, rel
+    if kind == "dgrad":
+        want, bound = conv2d_input(x.shape, weight.double().cpu() * -1.25, dy.double().cpu(), stride, pad), 1e-3
+    else:
+        want, bound = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad) * -1.25, 1e-5
+    rel, _ = errors(out, want)
+    assert rel < bound, rel
