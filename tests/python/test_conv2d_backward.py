@@ -23,6 +23,9 @@ CASES = [
     (2, 12, 7, 7, 20, 3, 3, 1, 1),       # C % 8 != 0: the ATen composite
 ]
 KERNEL_CASES = [c for c in CASES if c[1] % 8 == 0 and c[4] % 8 == 0]
+# Bounds for our wgrad's float32 G: float32 accumulation over N*P*Q products (16384 in one
+# CTA for an unsplit 64-image case measured 1.8e-5), still 10x tighter than a 16-bit G.
+F32_SUMS = (1e-4, 4e-4)
 
 
 def _operands(case, dtype, device, rng):
@@ -93,7 +96,7 @@ def test_conv2d_wgrad(device, dtype, case, with_scale, rng):
     # Our kernels: float32 sums of the rounded inputs, far closer to float64 than a 16-bit
     # output.  cuDNN on CUDA (the fallback) writes a 16-bit G, converted afterwards.
     cudnn_16bit = device == "cuda" and dtype in LOW and name.startswith("aten")
-    bound = TOLERANCE[dtype] if cudnn_16bit else (1e-5, 1e-4)
+    bound = TOLERANCE[dtype] if cudnn_16bit else F32_SUMS
     rel, mx = errors(grad_w, g * s)
     assert rel < bound[0] and mx < bound[1], (name, rel, mx)
     # d scale = <w, G>: relative to sum |w * G| (the dot may cancel)
@@ -133,7 +136,7 @@ def test_every_kernel(dtype, case, rng):
                         bound = TOLERANCE[dtype]
                     else:
                         got, want = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, scale)[0], want_dw
-                        bound = TOLERANCE[dtype] if name == "cudnn" else (1e-5, 1e-4)  # cuDNN: 16-bit G
+                        bound = TOLERANCE[dtype] if name == "cudnn" else F32_SUMS  # cuDNN: 16-bit G
                 except ValueError as e:  # can_implement said no: only for too few K-iterations
                     assert "cannot run this problem" in str(e) and split > 1, (name, split, e)
                     continue
