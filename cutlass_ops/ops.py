@@ -212,8 +212,8 @@ def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.T
                  scale: Scalar = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight gradients of ``y = scale * conv2d(input, weight, stride, padding)`` (FixUp's
     scaled conv) given ``dL/dy``: with G = dL/dw of the conv, returns ``(scale * G, <weight, G>)``
-    = (dL/dweight, dL/dscale), in float32 (float64 for float64 input).  Without a scale: (G,
-    <weight, G>).
+    = (dL/dweight, dL/dscale); dL/dweight in weight's dtype (what autograd needs; rounded
+    once), dL/dscale in float32 (float64 for float64 input).  Without a scale: (G, <weight, G>).
 
     fp16/bf16 on an sm80+ GPU with C and K multiples of 8 run a generated CUTLASS wgrad
     kernel, split over N*P*Q into float32 partial sums (G is never rounded to 16 bits),
@@ -249,5 +249,5 @@ def _conv2d_wgrad_fake(grad_output, input, weight, stride=(1, 1), padding=(0, 0)
     torch._check(tuple(grad_output.shape) == _conv_output_size(input.shape, weight.shape, stride, padding),
                  lambda: "conv2d_wgrad: grad_output shape is not the conv's output shape")
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
-    grad_weight = input.new_empty(weight.shape, dtype=acc).contiguous(memory_format=torch.channels_last)
+    grad_weight = torch.empty_like(weight, memory_format=torch.channels_last)
     return grad_weight, input.new_empty((), dtype=acc)

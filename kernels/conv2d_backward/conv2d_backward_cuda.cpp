@@ -139,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
   int dev = grad_output.device().index();
   if (grad_output.numel() == 0) {
     last_kernel_slot() = "none (empty)";
-    return {at::zeros({s.K, s.C, s.R, s.S}, f32.memory_format(cl)), at::zeros({}, f32)};
+    return {at::zeros({s.K, s.C, s.R, s.S}, weight.options().memory_format(cl)), at::zeros({}, f32)};
   }
   at::Tensor dy = grad_output.contiguous(cl), x = input.contiguous(cl), w = weight.contiguous(cl);
   Conv2dBackwardArgs a = make_args(ConvKind::kWgrad, grad_output, s, stride, padding);
@@ -166,10 +166,10 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
   at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
   int64_t n = w.numel();
   int blocks = weight_grad_blocks(n, multiprocessor_count(dev));
-  auto dw = at::empty({s.K, s.R, s.S, s.C}, f32);
+  auto dw = at::empty({s.K, s.R, s.S, s.C}, w.options().memory_format(at::MemoryFormat::Contiguous));
   auto partial_dots = at::empty({blocks}, f32);
   WgradEpilogueArgs e{g.data_ptr(), elem_of(g.scalar_type()), slices, n, w.data_ptr(), elem_of(w.scalar_type()),
-                      scale ? scale_f.data_ptr<float>() : nullptr, dw.data_ptr<float>(),
+                      scale ? scale_f.data_ptr<float>() : nullptr, dw.data_ptr(),
                       partial_dots.data_ptr<float>()};
   C10_CUDA_CHECK(launch_wgrad_epilogue(e, blocks, c10::cuda::getCurrentCUDAStream(dev).stream()));
   if (p.kernel == nullptr) {

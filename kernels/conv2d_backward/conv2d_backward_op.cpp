@@ -127,7 +127,8 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_aten(at::Tensor const& grad_outp
                                         {false, true, false});
   auto g = std::get<1>(grads).to(acc).contiguous(cl);
   auto grad_scale = (g * weight.to(acc)).sum();
-  return {scale ? g * scale->to(acc).reshape({}) : g, grad_scale};
+  auto grad_weight = scale ? g * scale->to(acc).reshape({}) : g;
+  return {grad_weight.to(weight.scalar_type()).contiguous(cl), grad_scale};
 }
 
 }  // namespace conv2d_backward
@@ -139,8 +140,9 @@ TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def("conv2d_dgrad(Tensor grad_output, Tensor weight, int[4] input_size, int[2] stride=[1, 1], "
         "int[2] padding=[0, 0], Tensor? scale=None) -> Tensor");
   // For y = scale * conv2d(input, weight, stride, padding) with G = dL/dw of the conv:
-  // (scale * G, <weight, G>) = (dL/dweight, dL/dscale), in float32 (float64 for float64
-  // input; our kernels never round G to 16 bits, cuDNN's path does).  No scale: (G, <w, G>).
+  // (scale * G, <weight, G>) = (dL/dweight, dL/dscale); dL/dweight in weight's dtype (rounded
+  // once), dL/dscale in float32 (float64 for float64).  G is summed in float32: our kernels
+  // never round it to 16 bits, cuDNN's path does.  No scale: (G, <w, G>).
   m.def("conv2d_wgrad(Tensor grad_output, Tensor input, Tensor weight, int[2] stride=[1, 1], "
         "int[2] padding=[0, 0], Tensor? scale=None) -> (Tensor, Tensor)");
   // The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": the

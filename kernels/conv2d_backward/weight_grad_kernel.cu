@@ -14,6 +14,8 @@ constexpr int kThreads = 256;
 __device__ inline float load_float(float v) { return v; }
 __device__ inline float load_float(__half v) { return __half2float(v); }
 __device__ inline float load_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ inline T store_as(float v) { return from_float<T>(v); }
+template <> __device__ inline float store_as<float>(float v) { return v; }
 
 template <typename G, typename W>
 __global__ void __launch_bounds__(kThreads) wgrad_epilogue_kernel(WgradEpilogueArgs a) {
@@ -24,7 +26,7 @@ __global__ void __launch_bounds__(kThreads) wgrad_epilogue_kernel(WgradEpilogueA
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * kThreads) {
     float sum = 0.0f;
     for (int s = 0; s < a.slices; ++s) sum += load_float(g[s * a.n + i]);  // coalesced per slice
-    a.dw[i] = scale * sum;
+    static_cast<W*>(a.dw)[i] = store_as<W>(scale * sum);
     dot += load_float(w[i]) * sum;
   }
   __shared__ float warp_dots[kThreads / 32];

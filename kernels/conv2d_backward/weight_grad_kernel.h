@@ -1,6 +1,7 @@
 // Weight-sized kernels around the convs' dgrad/wgrad (FixUp: y = scale * conv(x, w)):
 //   wgrad epilogue:  G = sum over split-K slices of the wgrad partial sums (or cuDNN's dw)
-//                    dw = scale * G (float32)   and   per-block partial sums of <w, G>
+//                    dw = scale * G (in the weight's type: what autograd needs for it)
+//                    and per-block partial sums of <w, G>
 //                    (d scale = <w, G>: sum(dy * conv(x, w)) without recomputing the conv)
 //   scaled weight:   w_s = round(scale * w), for cuDNN's dgrad (it takes no alpha)
 // One pass each over weight-sized tensors, float math; per-block partial sums (no atomics:
@@ -24,7 +25,7 @@ struct WgradEpilogueArgs {
   void const* weight;       // [n] in the same (KRSC) order, element type w_type
   Elem w_type;
   float const* scale;       // device scalar, or null (1)
-  float* dw;                // [n] float32
+  void* dw;                 // [n] in w_type, rounded once from float
   float* partial_dots;      // [blocks] per-block sums of w * G
 };
 

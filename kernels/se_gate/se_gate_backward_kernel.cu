@@ -318,7 +318,82 @@ cudaError_t launch_typed(SeGateBackwardArgs const& a, int images_per_cta, int nu
   return launch_kernel<se_gate_backward_input_kernel<T>>(grid, kThreads, 0, stream, a.programmatic_launch, a);
 }
 
+// Entry e of the batch sums: W1 (r, c) at r*C + c, then W2 (c, r) at c*R + r, then b1, b2,
+// and the two scalars.  term(e, n) is image n's contribution.
+struct ParamEntry {
+  int kind;  // 0 W1, 1 W2, 2 b1, 3 b2, 4 identity_bias, 5 post_bias
+  int i, j;
+};
+
+__device__ inline ParamEntry param_entry(int e, int C, int R) {
+  int const rc = R * C;
+  if (e < rc) return {0, e / C, e % C};
+  e -= rc;
+  if (e < rc) return {1, e / R, e % R};
+  e -= rc;
+  if (e < R) return {2, e, 0};
+  e -= R;
+  if (e < C) return {3, e, 0};
+  return {e == C ? 4 : 5, 0, 0};
+}
+
+__global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SeParamGradArgs a, int entries,
+                                                                          int images_per_chunk) {
+  int const e = blockIdx.x * kThreads + threadIdx.x;
+  if (e >= entries) return;
+  ParamEntry const p = param_entry(e, a.C, a.R);
+  int const n0 = blockIdx.y * images_per_chunk;
+  int const n1 = min(a.N, n0 + images_per_chunk);
+  float acc = 0.0f;
+  for (int n = n0; n < n1; ++n) {
+    switch (p.kind) {
+      case 0: acc += a.d_pre1[(int64_t)n * a.R + p.i] * a.squeeze[(int64_t)n * a.C + p.j]; break;
+      case 1: acc += a.d_pre2[(int64_t)n * a.C + p.i] * a.hidden[(int64_t)n * a.R + p.j]; break;
+      case 2: acc += a.d_pre1[(int64_t)n * a.R + p.i]; break;
+      case 3: acc += a.d_pre2[(int64_t)n * a.C + p.i]; break;
+      case 4: acc += a.sums[2 * n + 1]; break;
+      default: acc += a.sums[2 * n]; break;
+    }
+  }
+  a.partials[(int64_t)blockIdx.y * entries + e] = acc;
+}
+
+__global__ void __launch_bounds__(kThreads) se_param_grads_final_kernel(SeParamGradArgs a, int entries, int chunks) {
+  int const e = blockIdx.x * kThreads + threadIdx.x;
+  if (e >= entries) return;
+  float acc = 0.0f;
+  for (int k = 0; k < chunks; ++k) acc += a.partials[(int64_t)k * entries + e];  // fixed order
+  ParamEntry const p = param_entry(e, a.C, a.R);
+  switch (p.kind) {
+    case 0: a.grad_w1[p.i * a.C + p.j] = acc; break;
+    case 1: a.grad_w2[p.i * a.R + p.j] = acc; break;
+    case 2: a.grad_b1[p.i] = acc; break;
+    case 3: a.grad_b2[p.i] = acc; break;
+    case 4: *a.grad_identity_bias = acc; break;
+    default: *a.grad_post_bias = acc; break;
+  }
+}
+
 }  // namespace
+
+int se_param_grad_entries(int C, int R) { return 2 * C * R + R + C + 2; }
+
+int se_param_grad_chunks(int N, int C, int R, int num_sms) {
+  // About four CTAs per SM in the first kernel, and at least 8 images per chunk.
+  int const entry_blocks = (se_param_grad_entries(C, R) + kThreads - 1) / kThreads;
+  int const wanted = (4 * num_sms + entry_blocks - 1) / entry_blocks;
+  int const most = (N + 7) / 8;
+  return max(1, min(wanted, most));
+}
+
+cudaError_t launch_se_gate_param_grads(SeParamGradArgs const& a, int chunks, cudaStream_t stream) {
+  int const entries = se_param_grad_entries(a.C, a.R);
+  int const blocks = (entries + kThreads - 1) / kThreads;
+  int const images_per_chunk = (a.N + chunks - 1) / chunks;
+  se_param_grads_partial_kernel<<<dim3(blocks, chunks), kThreads, 0, stream>>>(a, entries, images_per_chunk);
+  se_param_grads_final_kernel<<<blocks, kThreads, 0, stream>>>(a, entries, chunks);
+  return cudaGetLastError();
+}
 
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta) {
   return sizeof(float) * ExciteSmem(C, R, images_per_cta).total;

@@ -9,8 +9,9 @@
 //   3. input gradient (streaming): grad_h = dy * gate + d_squeeze / (H*W)
 // The ReLU mask comes from the saved output: an inactive element holds exactly post_bias
 // rounded to the output dtype (as relu_backward).  The per-image vectors stay in global
-// memory for the op entry point (se_gate_cuda.cpp), which reduces them over the batch into
-// the excite weights' and FixUp scalars' gradients.
+// memory; launch_se_gate_param_grads then reduces them over the batch into the excite
+// weights' and FixUp scalars' gradients (two kernels: per chunk of images, then over the
+// chunks; cuBLAS ran these skinny GEMMs on one or two CTAs).
 // NHWC (channels_last) fp16/bf16, float accumulation, deterministic (no atomics).  No torch here.
 #pragma once
 
@@ -61,6 +62,23 @@ int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max
 // Returns the first launch error.
 cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
                                     cudaStream_t stream);
+
+// The batch sums over se_gate_backward's per-image vectors:
+//   grad_w1[r][c] = sum_n d_pre1[n][r] * squeeze[n][c]    grad_b1[r] = sum_n d_pre1[n][r]
+//   grad_w2[c][r] = sum_n d_pre2[n][c] * hidden[n][r]     grad_b2[c] = sum_n d_pre2[n][c]
+//   scalars[0] = sum_n sums[n][1] (identity_bias),        scalars[1] = sum_n sums[n][0] (post_bias)
+struct SeParamGradArgs {
+  int N, C, R;
+  float const* squeeze; float const* hidden; float const* d_pre1; float const* d_pre2; float const* sums;
+  float* partials;                   // [chunks][se_param_grad_entries(C, R)]
+  float* grad_w1; float* grad_b1; float* grad_w2; float* grad_b2;
+  float* grad_identity_bias; float* grad_post_bias;
+};
+
+int se_param_grad_entries(int C, int R);
+// Chunks of images the first kernel splits the batch into (the partials rows to allocate).
+int se_param_grad_chunks(int N, int C, int R, int num_sms);
+cudaError_t launch_se_gate_param_grads(SeParamGradArgs const& a, int chunks, cudaStream_t stream);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

@@ -113,11 +113,20 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   a.programmatic_launch = programmatic_launch_allowed(dev);
   cudaError_t err = launch_se_gate_backward(a, images_per_cta, num_sms, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
-  // The batch reductions: (N, C)-sized, a few small GEMMs.  W1's as (squeeze^T d_pre1)^T:
-  // cuBLAS ran d_pre1^T squeeze at N=512, R=8, C=128 in 53 us instead of 12 (H100).
-  // (Two separate sums: an op's outputs must not share storage.)
-  return {grad_h, grad_identity, at::mm(squeeze.t(), d_pre1).t().contiguous(), d_pre1.sum(0),
-          at::mm(d_pre2.t(), hidden), d_pre2.sum(0), sums.select(1, 1).sum(), sums.select(1, 0).sum()};
+  // The batch reductions over the per-image vectors (two kernels).
+  auto grad_w1 = at::empty({R, C}, f32), grad_b1 = at::empty({R}, f32);
+  auto grad_w2 = at::empty({C, R}, f32), grad_b2 = at::empty({C}, f32);
+  auto grad_identity_bias = at::empty({}, f32), grad_post_bias = at::empty({}, f32);
+  int const chunks = se_param_grad_chunks(N, C, R, num_sms);
+  auto partials = at::empty({chunks, se_param_grad_entries(C, R)}, f32);
+  SeParamGradArgs p{int(N), int(C), int(R), squeeze.data_ptr<float>(), hidden.data_ptr<float>(),
+                    d_pre1.data_ptr<float>(), d_pre2.data_ptr<float>(), sums.data_ptr<float>(),
+                    partials.data_ptr<float>(), grad_w1.data_ptr<float>(), grad_b1.data_ptr<float>(),
+                    grad_w2.data_ptr<float>(), grad_b2.data_ptr<float>(), grad_identity_bias.data_ptr<float>(),
+                    grad_post_bias.data_ptr<float>()};
+  err = launch_se_gate_param_grads(p, chunks, c10::cuda::getCurrentCUDAStream(dev).stream());
+  TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  return {grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post_bias};
 }
 
 }  // namespace se_gate
