@@ -319,7 +319,7 @@ cudaError_t launch_typed(SeGateBackwardArgs const& a, int images_per_cta, int nu
 }
 
 // Entry e of the batch sums: W1 (r, c) at r*C + c, then W2 (c, r) at c*R + r, then b1, b2,
-// and the two scalars.  term(e, n) is image n's contribution.
+// and the two scalars.
 struct ParamEntry {
   int kind;  // 0 W1, 1 W2, 2 b1, 3 b2, 4 identity_bias, 5 post_bias
   int i, j;
@@ -337,25 +337,70 @@ __device__ inline ParamEntry param_entry(int e, int C, int R) {
   return {e == C ? 4 : 5, 0, 0};
 }
 
+// One thread per channel c of a chunk of images: the products with every hidden unit r in
+// registers (32 at a time), the chunk's d_pre1 and hidden rows in shared memory, so each
+// per-image vector is read once.  Writes the chunk's row of partials (entry layout above).
+constexpr int kRTile = 32;
+
 __global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SeParamGradArgs a, int entries,
                                                                           int images_per_chunk) {
-  int const e = blockIdx.x * kThreads + threadIdx.x;
-  if (e >= entries) return;
-  ParamEntry const p = param_entry(e, a.C, a.R);
+  extern __shared__ float smem[];  // [images_per_chunk][R] d_pre1, then the same for hidden
+  int const C = a.C, R = a.R;
   int const n0 = blockIdx.y * images_per_chunk;
-  int const n1 = min(a.N, n0 + images_per_chunk);
-  float acc = 0.0f;
-  for (int n = n0; n < n1; ++n) {
-    switch (p.kind) {
-      case 0: acc += a.d_pre1[(int64_t)n * a.R + p.i] * a.squeeze[(int64_t)n * a.C + p.j]; break;
-      case 1: acc += a.d_pre2[(int64_t)n * a.C + p.i] * a.hidden[(int64_t)n * a.R + p.j]; break;
-      case 2: acc += a.d_pre1[(int64_t)n * a.R + p.i]; break;
-      case 3: acc += a.d_pre2[(int64_t)n * a.C + p.i]; break;
-      case 4: acc += a.sums[2 * n + 1]; break;
-      default: acc += a.sums[2 * n]; break;
+  int const count = min(a.N - n0, images_per_chunk);
+  float* s_dpre1 = smem;
+  float* s_hidden = smem + images_per_chunk * R;
+  for (int i = threadIdx.x; i < count * R; i += kThreads) {
+    s_dpre1[i] = a.d_pre1[(int64_t)n0 * R + i];
+    s_hidden[i] = a.hidden[(int64_t)n0 * R + i];
+  }
+  __syncthreads();
+  float* out = a.partials + (int64_t)blockIdx.y * entries;
+  int const c = blockIdx.x * kThreads + threadIdx.x;
+  if (c < C) {
+    float b2 = 0.0f;
+    for (int r0 = 0; r0 < R; r0 += kRTile) {
+      float w1[kRTile], w2[kRTile];
+#pragma unroll
+      for (int k = 0; k < kRTile; ++k) w1[k] = w2[k] = 0.0f;
+      for (int n = 0; n < count; ++n) {
+        float const sq = a.squeeze[(int64_t)(n0 + n) * C + c];
+        float const dp2 = a.d_pre2[(int64_t)(n0 + n) * C + c];
+        if (r0 == 0) b2 += dp2;
+#pragma unroll
+        for (int k = 0; k < kRTile; ++k) {
+          if (r0 + k < R) {
+            w1[k] += s_dpre1[n * R + r0 + k] * sq;
+            w2[k] += s_hidden[n * R + r0 + k] * dp2;
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kRTile; ++k) {
+        if (r0 + k < R) {
+          out[(r0 + k) * C + c] = w1[k];            // W1 (r, c)
+          out[R * C + c * R + r0 + k] = w2[k];      // W2 (c, r)
+        }
+      }
+    }
+    out[2 * R * C + R + c] = b2;
+  }
+  if (blockIdx.x == 0) {  // b1 and the two scalars
+    for (int r = threadIdx.x; r < R; r += kThreads) {
+      float b1 = 0.0f;
+      for (int n = 0; n < count; ++n) b1 += s_dpre1[n * R + r];
+      out[2 * R * C + r] = b1;
+    }
+    if (threadIdx.x == 0) {
+      float identity_bias = 0.0f, post_bias = 0.0f;
+      for (int n = n0; n < n0 + count; ++n) {
+        identity_bias += a.sums[2 * n + 1];
+        post_bias += a.sums[2 * n];
+      }
+      out[entries - 2] = identity_bias;
+      out[entries - 1] = post_bias;
     }
   }
-  a.partials[(int64_t)blockIdx.y * entries + e] = acc;
 }
 
 __global__ void __launch_bounds__(kThreads) se_param_grads_final_kernel(SeParamGradArgs a, int entries, int chunks) {
@@ -379,19 +424,23 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_final_kernel(SeParamG
 int se_param_grad_entries(int C, int R) { return 2 * C * R + R + C + 2; }
 
 int se_param_grad_chunks(int N, int C, int R, int num_sms) {
-  // About four CTAs per SM in the first kernel, and at least 8 images per chunk.
-  int const entry_blocks = (se_param_grad_entries(C, R) + kThreads - 1) / kThreads;
-  int const wanted = (4 * num_sms + entry_blocks - 1) / entry_blocks;
-  int const most = (N + 7) / 8;
-  return max(1, min(wanted, most));
+  // About two CTAs per SM, with the partials (chunks x entries floats) kept under 8 MB and
+  // each chunk's two (images x R) tiles under 32 KB of shared memory.
+  int const channel_blocks = (C + kThreads - 1) / kThreads;
+  int chunks = (2 * num_sms + channel_blocks - 1) / channel_blocks;
+  chunks = min(chunks, max(1, (2 << 20) / se_param_grad_entries(C, R)));
+  int const max_images = max(1, (32 << 10) / int(2 * sizeof(float) * R));
+  chunks = max(chunks, (N + max_images - 1) / max_images);
+  return max(1, min(chunks, N));
 }
 
 cudaError_t launch_se_gate_param_grads(SeParamGradArgs const& a, int chunks, cudaStream_t stream) {
   int const entries = se_param_grad_entries(a.C, a.R);
-  int const blocks = (entries + kThreads - 1) / kThreads;
   int const images_per_chunk = (a.N + chunks - 1) / chunks;
-  se_param_grads_partial_kernel<<<dim3(blocks, chunks), kThreads, 0, stream>>>(a, entries, images_per_chunk);
-  se_param_grads_final_kernel<<<blocks, kThreads, 0, stream>>>(a, entries, chunks);
+  size_t const smem = 2 * sizeof(float) * images_per_chunk * a.R;
+  se_param_grads_partial_kernel<<<dim3((a.C + kThreads - 1) / kThreads, chunks), kThreads, smem, stream>>>(
+      a, entries, images_per_chunk);
+  se_param_grads_final_kernel<<<(entries + kThreads - 1) / kThreads, kThreads, 0, stream>>>(a, entries, chunks);
   return cudaGetLastError();
 }
 
