@@ -341,6 +341,7 @@ __device__ inline ParamEntry param_entry(int e, int C, int R) {
 // registers (32 at a time), the chunk's d_pre1 and hidden rows in shared memory, so each
 // per-image vector is read once.  Writes the chunk's row of partials (entry layout above).
 constexpr int kRTile = 32;
+constexpr int kLoads = 8;
 
 __global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SeParamGradArgs a, int entries,
                                                                           int images_per_chunk) {
@@ -363,15 +364,27 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SePara
       float w1[kRTile], w2[kRTile];
 #pragma unroll
       for (int k = 0; k < kRTile; ++k) w1[k] = w2[k] = 0.0f;
-      for (int n = 0; n < count; ++n) {
-        float const sq = a.squeeze[(int64_t)(n0 + n) * C + c];
-        float const dp2 = a.d_pre2[(int64_t)(n0 + n) * C + c];
-        if (r0 == 0) b2 += dp2;
+      // Images in groups of kLoads, their loads issued together: one thread's loads are a
+      // dependent chain otherwise, and latency, not bandwidth, bounded the kernel.
+      for (int nb = 0; nb < count; nb += kLoads) {
+        float sq[kLoads], dp2[kLoads];
 #pragma unroll
-        for (int k = 0; k < kRTile; ++k) {
-          if (r0 + k < R) {
-            w1[k] += s_dpre1[n * R + r0 + k] * sq;
-            w2[k] += s_hidden[n * R + r0 + k] * dp2;
+        for (int j = 0; j < kLoads; ++j) {
+          bool const valid = nb + j < count;
+          sq[j] = valid ? a.squeeze[(int64_t)(n0 + nb + j) * C + c] : 0.0f;
+          dp2[j] = valid ? a.d_pre2[(int64_t)(n0 + nb + j) * C + c] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+          if (nb + j >= count) break;
+          int const n = nb + j;
+          if (r0 == 0) b2 += dp2[j];
+#pragma unroll
+          for (int k = 0; k < kRTile; ++k) {
+            if (r0 + k < R) {
+              w1[k] += s_dpre1[n * R + r0 + k] * sq[j];
+              w2[k] += s_hidden[n * R + r0 + k] * dp2[j];
+            }
           }
         }
       }
@@ -407,7 +420,15 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_final_kernel(SeParamG
   int const e = blockIdx.x * kThreads + threadIdx.x;
   if (e >= entries) return;
   float acc = 0.0f;
-  for (int k = 0; k < chunks; ++k) acc += a.partials[(int64_t)k * entries + e];  // fixed order
+  int k = 0;
+  for (; k + kLoads <= chunks; k += kLoads) {  // loads issued together, added in a fixed order
+    float v[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) v[j] = a.partials[(int64_t)(k + j) * entries + e];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) acc += v[j];
+  }
+  for (; k < chunks; ++k) acc += a.partials[(int64_t)k * entries + e];
   ParamEntry const p = param_entry(e, a.C, a.R);
   switch (p.kind) {
     case 0: a.grad_w1[p.i * a.C + p.j] = acc; break;
