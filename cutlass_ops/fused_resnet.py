@@ -1,4 +1,4 @@
-"""FusedResNet: SE-ResNet9-FixUp from fused kernels (forward; the backward: cuDNN dgrad/wgrad + our kernels).
+"""FusedResNet: SE-ResNet9-FixUp from fused kernels (the backward: cutlass_ops/autograd.py).
 
 Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``; only
 the forward differs.  Per forward (16 kernels):
@@ -65,8 +65,8 @@ class FusedResNet(SEResNet9FixUp):
 
     ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
     output tensor is then reused by the next call of that shape: clone it to keep it).
-    Training works (cutlass_ops/autograd.py: cuDNN dgrad/wgrad, our kernels for the
-    epilogues' and the SE gate's backward; not fused CUTLASS dgrad/wgrad kernels yet).
+    Training works (cutlass_ops/autograd.py: CUTLASS or, where the profile measured it
+    faster, cuDNN dgrad/wgrad, and our kernels for the epilogues' and the SE gate's backward).
     FixUp scalars and SE weights stay float32 whatever the model dtype: they are tiny and
     the kernels use them in float32.
     """
