@@ -99,6 +99,7 @@ def _conv_backward(ctx, grad):
         # With G = wgrad(g, x): dw = s*G and ds = sum(g * conv(x, w)) = <w, G> (the conv is not
         # recomputed); conv2d_wgrad returns both, from one pass over G on CUDA.
         grad_w, grad_scale = conv2d_wgrad(g, x, w, ctx.stride, ctx.padding, scale)
+        grad_w = grad_w if needs[1] else None
         grad_scale = _grad_as(grad_scale, scale_meta) if want_scale else None
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)

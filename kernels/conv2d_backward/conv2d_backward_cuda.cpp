@@ -76,7 +76,6 @@ bool run_planned(Conv2dBackwardArgs a, at::Tensor const& out, char const* op, Pl
   return true;
 }
 
-
 Elem elem_of(at::ScalarType t) {
   return t == at::kHalf ? Elem::kF16 : t == at::kBFloat16 ? Elem::kBF16 : Elem::kF32;
 }
@@ -157,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
     a.output = g.data_ptr();
     run_planned(a, g, "conv2d_wgrad", p);
   } else {
-    run_planned(a, g, "conv2d_wgrad", p);  // warns unless the profile chose cuDNN
+    run_planned(a, g, "conv2d_wgrad", p);  // launches nothing; warns unless cuDNN was chosen
     g = std::get<1>(at::convolution_backward(dy, x, w, c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
                                              {false, true, false}))
             .contiguous(cl);

@@ -42,7 +42,7 @@ int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int 
   // wgrad's output (K x C*R*S) is a few tiles, its reduction (N*P*Q) long: split it so that
   // the slices fill about four CTAs per SM (these tiles' shared memory allows about that
   // on sm80/sm90), keeping >= 16 K-iterations per slice; at most 128 slices.  The float32
-  // partial sums (slices x K*R*S*C) are added up by the caller.
+  // partial sums (slices x K*R*S*C) are added up by the caller's epilogue pass.
   Gemm g = gemm_of(a);
   long long output_tiles = tiles(g, e);
   long long k_iterations = (g.k + e.tile_k - 1) / e.tile_k;
@@ -99,7 +99,8 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
   // ones are the fallback for it and the only choice for stride > 1.
   order_by_occupancy(unity, num_sms, g.m, g.n);
   order_by_occupancy(strided, num_sms, g.m, g.n);
-  unity.insert(unity.end(), strided.begin(), strided.end());
+  std::vector<Candidate> candidates = unity;
+  candidates.insert(candidates.end(), strided.begin(), strided.end());
   ProfileRule const* rule = only == nullptr ? profile_rule(a) : nullptr;
   if (rule != nullptr && rule->kernel == -1) {
     result.prefer_cudnn = true;
@@ -107,18 +108,18 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
     return result;
   }
   if (rule != nullptr) {  // the measured winner first, at its split scaled to this M
-    auto first = std::find_if(unity.begin(), unity.end(),
+    auto first = std::find_if(candidates.begin(), candidates.end(),
                               [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
-    if (first != unity.end()) {
+    if (first != candidates.end()) {
       if (a.kind == ConvKind::kWgrad && forced_split_k == 0) {
         double m_ratio = double(g.k) / double(rule->gemm_m);  // wgrad's GEMM K is N*P*Q
         long long slices = std::llround(rule->split_k * m_ratio);
         first->split_k_slices = static_cast<int>(std::max<long long>(1, std::min<long long>(slices, 128)));
       }
-      std::rotate(unity.begin(), first, first + 1);
+      std::rotate(candidates.begin(), first, first + 1);
     }
   }
-  for (Candidate const& c : unity) {
+  for (Candidate const& c : candidates) {
     Conv2dBackwardArgs args = a;
     args.split_k_slices = c.split_k_slices;
     cutlass::Status status = c.entry->run(args, nullptr, /*query=*/true);
