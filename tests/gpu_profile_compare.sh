@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Profile this GPU and measure what the profile buys (README: Profiles):
 #   1. build the sweep kernel set with the tests and run them all (tests/run.sh), then sweep
-#      FusedResNet's conv problems into $OUT/<gpu>/sm80.csv (python -m cutlass_ops profile);
+#      FusedResNet's conv problems into $OUT/<gpu>/sm80.csv (python -m cutlass_ops profile),
+#      and its training convs' dgrad/wgrad against cuDNN's (profile --backward, same CSV);
 #   2. build with default tiles, benchmark FusedResNet (N=128, 2048);
 #   3. build with that profile in profiles/, benchmark again.
 # Commit the CSV to profiles/<gpu>/ to make every later build use it.
@@ -28,6 +29,8 @@ gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import
 # Resumable: a sweep cut by the timeout leaves its rows; run the script again to finish it.
 (cd /tmp && timeout "${PROFILE_TIMEOUT:-420}" "$PYTHON" -P -m cutlass_ops profile --profiles "$OUT" 2>&1 \
    | grep -v "^  \[" | tail -5) || echo "profile: stopped by the ${PROFILE_TIMEOUT:-420} s timeout"
+(cd /tmp && timeout "${PROFILE_TIMEOUT:-420}" "$PYTHON" -P -m cutlass_ops profile --backward --batch 512 2048 \
+   --profiles "$OUT" 2>&1 | grep -v "^  \[" | tail -5) || echo "profile --backward: stopped by the timeout"
 
 echo "== 2. default tiles"
 build all "$(mktemp -d)"
