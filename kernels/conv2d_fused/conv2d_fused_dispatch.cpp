@@ -1,12 +1,12 @@
 #include "conv2d_fused/conv2d_fused_dispatch.h"
 
-#include "common/tile_order.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "common/tile_order.h"
 
 namespace cutlass_ops {
 namespace conv2d_fused {
@@ -29,10 +29,6 @@ int channel_alignment(Conv2dFusedArgs const& a) {
     }
   }
   return 1;
-}
-
-void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long long gemm_m, int gemm_n) {
-  cutlass_ops::order_by_occupancy(candidates, num_sms, gemm_m, gemm_n);
 }
 
 namespace {

@@ -58,9 +58,6 @@ struct Candidate {
   long long ctas;  // threadblocks this kernel would launch for the problem
 };
 
-// The order the dispatcher tries kernels of equal fit in (common/tile_order.h); exposed for tests.
-void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long long gemm_m, int gemm_n);
-
 // Serial split-K slices for kernel `e` on `a` (1 = no split) when no profile says; see the .cpp.
 int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int num_sms);
 
@@ -77,7 +74,7 @@ struct LaunchResult {
 
 // Runs the best table entry that fits `a` on a device of compute capability `cc` with
 // `num_sms` multiprocessors: the widest channel alignment the tensors allow first; within
-// it the profile rule's kernel, then the rest by occupancy (order_by_occupancy).
+// it the profile rule's kernel, then the rest by occupancy (common/tile_order.h).
 // `only` (the profiler's forced kernel) restricts the choice to the entry of that name,
 // and `forced_split_k` > 0 fixes its split-K slices.
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).
