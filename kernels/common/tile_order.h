@@ -1,7 +1,9 @@
-// The order the dispatchers try kernels of equal fit in (conv2d_fused, conv2d_backward).
+// How the dispatchers (conv2d_fused, conv2d_backward) pick kernels: the profile rule nearest
+// a problem, and the order they try kernels of equal fit in.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace cutlass_ops {
@@ -24,6 +26,23 @@ void order_by_occupancy(std::vector<Candidate>& candidates, int num_sms, long lo
     if (ux > uy * 1.05 || uy > ux * 1.05) return ux > uy;
     return x.entry->tile_m * x.entry->tile_n > y.entry->tile_m * y.entry->tile_n;
   });
+}
+
+// The rule among rules[0..count) that `matches` accepts with the nearest gemm_m on a log
+// scale (the measured batch closest to this one), or null.
+template <typename Rule, typename Match>
+Rule const* nearest_rule(Rule const* rules, int count, long long gemm_m, Match matches) {
+  Rule const* best = nullptr;
+  double best_distance = 0;
+  for (int i = 0; i < count; ++i) {
+    if (!matches(rules[i])) continue;
+    double distance = std::fabs(std::log(double(gemm_m) / double(rules[i].gemm_m)));
+    if (best == nullptr || distance < best_distance) {
+      best = &rules[i];
+      best_distance = distance;
+    }
+  }
+  return best;
 }
 
 }  // namespace cutlass_ops

@@ -52,22 +52,11 @@ int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int 
 }
 
 ProfileRule const* profile_rule(Conv2dBackwardArgs const& a) {
-  ProfileRule const* best = nullptr;
-  double best_distance = 0;
   long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
-  for (int i = 0; i < kNumProfileRules; ++i) {
-    ProfileRule const& r = kProfileRules[i];
-    if (r.kernel < -1 || r.kind != a.kind || r.dtype != a.dtype || r.C != a.C || r.K != a.K || r.R != a.R ||
-        r.S != a.S || r.stride != a.stride_h || a.stride_h != a.stride_w) {
-      continue;
-    }
-    double distance = std::fabs(std::log(double(gemm_m) / double(r.gemm_m)));
-    if (best == nullptr || distance < best_distance) {
-      best = &r;
-      best_distance = distance;
-    }
-  }
-  return best;
+  return nearest_rule(kProfileRules, kNumProfileRules, gemm_m, [&](ProfileRule const& r) {
+    return r.kernel >= -1 && r.kind == a.kind && r.dtype == a.dtype && r.C == a.C && r.K == a.K && r.R == a.R &&
+           r.S == a.S && r.stride == a.stride_h && a.stride_h == a.stride_w;
+  });
 }
 
 Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, int forced_split_k) {

@@ -61,23 +61,11 @@ int family_for_device(int cc) {
 }
 
 ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment) {
-  ProfileRule const* best = nullptr;
-  double best_distance = 0;
   long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
-  for (int i = 0; i < kNumProfileRules; ++i) {
-    ProfileRule const& r = kProfileRules[i];
-    if (r.kernel < 0 || r.family != family || r.dtype != a.dtype || r.alignment != alignment ||
-        r.C != a.C || r.K != a.K || r.R != a.R || r.S != a.S || r.stride != a.stride_h ||
-        a.stride_h != a.stride_w) {
-      continue;
-    }
-    double distance = std::fabs(std::log(double(gemm_m) / double(r.gemm_m)));
-    if (best == nullptr || distance < best_distance) {
-      best = &r;
-      best_distance = distance;
-    }
-  }
-  return best;
+  return nearest_rule(kProfileRules, kNumProfileRules, gemm_m, [&](ProfileRule const& r) {
+    return r.kernel >= 0 && r.family == family && r.dtype == a.dtype && r.alignment == alignment && r.C == a.C &&
+           r.K == a.K && r.R == a.R && r.S == a.S && r.stride == a.stride_h && a.stride_h == a.stride_w;
+  });
 }
 
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
