@@ -1,5 +1,6 @@
-// fp16/bf16 <-> float and a small vector of consecutive 16-bit elements loaded or stored as
-// one 16-byte access (kVec == 8), or element by element (kVec == 1: unaligned or odd sizes).
+// fp16/bf16 <-> float (float <-> float too, for kernels templated on either), and a small
+// vector of consecutive 16-bit elements loaded or stored as one 16-byte access (kVec == 8),
+// or element by element (kVec == 1: unaligned or odd sizes).
 // Shared by the hand-written elementwise kernels.
 #pragma once
 
@@ -10,9 +11,11 @@
 
 namespace cutlass_ops {
 
+__device__ inline float to_float(float v) { return v; }
 __device__ inline float to_float(__half v) { return __half2float(v); }
 __device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ inline T from_float(float v);
+template <> __device__ inline float from_float<float>(float v) { return v; }
 template <> __device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 

@@ -11,11 +11,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline float load_float(float v) { return v; }
-__device__ inline float load_float(__half v) { return __half2float(v); }
-__device__ inline float load_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ inline T store_as(float v) { return from_float<T>(v); }
-template <> __device__ inline float store_as<float>(float v) { return v; }
 
 template <typename G, typename W>
 __global__ void __launch_bounds__(kThreads) wgrad_epilogue_kernel(WgradEpilogueArgs a) {
@@ -25,9 +20,9 @@ __global__ void __launch_bounds__(kThreads) wgrad_epilogue_kernel(WgradEpilogueA
   float dot = 0.0f;
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * kThreads) {
     float sum = 0.0f;
-    for (int s = 0; s < a.slices; ++s) sum += load_float(g[s * a.n + i]);  // coalesced per slice
-    static_cast<W*>(a.dw)[i] = store_as<W>(scale * sum);
-    dot += load_float(w[i]) * sum;
+    for (int s = 0; s < a.slices; ++s) sum += to_float(g[s * a.n + i]);  // coalesced per slice
+    static_cast<W*>(a.dw)[i] = from_float<W>(scale * sum);
+    dot += to_float(w[i]) * sum;
   }
   __shared__ float warp_dots[kThreads / 32];
 #pragma unroll
@@ -47,7 +42,7 @@ template <typename W>
 __global__ void __launch_bounds__(kThreads) scaled_weight_kernel(W const* w, int64_t n, float const* scale, W* out) {
   float const s = *scale;
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += (int64_t)gridDim.x * kThreads) {
-    out[i] = from_float<W>(load_float(w[i]) * s);
+    out[i] = from_float<W>(to_float(w[i]) * s);
   }
 }
 
