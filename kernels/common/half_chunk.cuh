@@ -1,6 +1,7 @@
 // fp16/bf16 <-> float (float <-> float too, for kernels templated on either), and a small
 // vector of consecutive 16-bit elements loaded or stored as one 16-byte access (kVec == 8),
-// or element by element (kVec == 1: unaligned or odd sizes).
+// or element by element (kVec == 1: unaligned or odd sizes); load_floats/store_floats for
+// any vector length and element type.
 // Shared by the hand-written elementwise kernels.
 #pragma once
 
@@ -38,6 +39,38 @@ struct HalfChunk {
     }
   }
 };
+
+// kVec consecutive elements of any of the types above as floats: whole 16-byte accesses
+// when kVec * sizeof(T) is a multiple of 16 (p then 16-byte aligned), else one at a time.
+template <int kVec, typename T>
+__device__ inline void load_floats(T const* p, float (&out)[kVec]) {
+  if constexpr (kVec * sizeof(T) % 16 == 0) {
+    uint4 raw[kVec * sizeof(T) / 16];
+#pragma unroll
+    for (int w = 0; w < int(kVec * sizeof(T) / 16); ++w) raw[w] = reinterpret_cast<uint4 const*>(p)[w];
+    T const* e = reinterpret_cast<T const*>(raw);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out[k] = to_float(e[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out[k] = to_float(p[k]);
+  }
+}
+
+template <int kVec, typename T>
+__device__ inline void store_floats(T* p, float const (&v)[kVec]) {
+  if constexpr (kVec * sizeof(T) % 16 == 0) {
+    uint4 raw[kVec * sizeof(T) / 16];
+    T* e = reinterpret_cast<T*>(raw);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) e[k] = from_float<T>(v[k]);
+#pragma unroll
+    for (int w = 0; w < int(kVec * sizeof(T) / 16); ++w) reinterpret_cast<uint4*>(p)[w] = raw[w];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) p[k] = from_float<T>(v[k]);
+  }
+}
 
 inline bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 

@@ -161,15 +161,16 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
                                              {false, true, false}))
             .contiguous(cl);
   }
-  // One pass over G: the split's sum, dw = scale * G, and per-block parts of <w, G>.
+  // One pass over G: the split's sum, dw = scale * G, and <w, G>.
   at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
   int64_t n = w.numel();
   int blocks = weight_grad_blocks(n, multiprocessor_count(dev));
   auto dw = at::empty({s.K, s.R, s.S, s.C}, w.options().memory_format(at::MemoryFormat::Contiguous));
-  auto partial_dots = at::empty({blocks}, f32);
+  auto scratch = at::empty({blocks + 1}, f32);  // the per-block dots, then the finished-block count
+  auto dot = at::empty({}, f32);
   WgradEpilogueArgs e{g.data_ptr(), elem_of(g.scalar_type()), slices, n, w.data_ptr(), elem_of(w.scalar_type()),
-                      scale ? scale_f.data_ptr<float>() : nullptr, dw.data_ptr(),
-                      partial_dots.data_ptr<float>()};
+                      scale ? scale_f.data_ptr<float>() : nullptr, dw.data_ptr(), scratch.data_ptr<float>(),
+                      reinterpret_cast<unsigned*>(scratch.data_ptr<float>() + blocks), dot.data_ptr<float>()};
   C10_CUDA_CHECK(launch_wgrad_epilogue(e, blocks, c10::cuda::getCurrentCUDAStream(dev).stream()));
   if (p.kernel == nullptr) {
     last_kernel_slot() = (p.prefer_cudnn ? cudnn_label(p) : std::string("aten")) + " + wgrad epilogue";
@@ -177,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
     last_kernel_slot() += " + wgrad epilogue over " + std::to_string(slices) + " split-K slice(s)";
   }
   // (K, R, S, C) memory is (K, C, R, S) channels_last.
-  return {dw.permute({0, 3, 1, 2}), partial_dots.sum()};
+  return {dw.permute({0, 3, 1, 2}), dot};
 }
 
 std::vector<std::string> kernel_names() {

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 
 namespace cutlass_ops {
@@ -12,48 +13,78 @@ namespace {
 constexpr int kThreads = 256;
 
 
-template <typename G, typename W>
+// kVec consecutive elements per step: 16-byte accesses of the 16-bit tensors when every
+// pointer is aligned and n % 8 == 0 (cuDNN's dw, one slice, is fp16: scalar loads of it took
+// twice as long on an H100), else one element.
+template <typename G, typename W, int kVec>
 __global__ void __launch_bounds__(kThreads) wgrad_epilogue_kernel(WgradEpilogueArgs a) {
   G const* g = static_cast<G const*>(a.g);
   W const* w = static_cast<W const*>(a.weight);
+  W* dw = static_cast<W*>(a.dw);
   float const scale = a.scale != nullptr ? *a.scale : 1.0f;
-  float dot = 0.0f;
-  for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < a.n; i += (int64_t)gridDim.x * kThreads) {
-    float sum = 0.0f;
-    for (int s = 0; s < a.slices; ++s) sum += to_float(g[s * a.n + i]);  // coalesced per slice
-    static_cast<W*>(a.dw)[i] = from_float<W>(scale * sum);
-    dot += to_float(w[i]) * sum;
+  float dot[1] = {0.0f};
+  int64_t const chunks = a.n / kVec;
+  for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < chunks; i += (int64_t)gridDim.x * kThreads) {
+    float sum[kVec] = {}, part[kVec], wv[kVec], out[kVec];
+    for (int s = 0; s < a.slices; ++s) {  // coalesced per slice
+      load_floats(g + s * a.n + i * kVec, part);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sum[k] += part[k];
+    }
+    load_floats(w + i * kVec, wv);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      out[k] = scale * sum[k];
+      dot[0] += wv[k] * sum[k];
+    }
+    store_floats(dw + i * kVec, out);
   }
-  __shared__ float warp_dots[kThreads / 32];
+  grid_sum<kThreads>(dot, a.partial_dots, a.counter, a.dot);
+}
+
+template <typename W, int kVec>
+__global__ void __launch_bounds__(kThreads) scaled_weight_kernel(W const* w, int64_t n, float const* scale, W* out) {
+  float const s = *scale;
+  for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n / kVec; i += (int64_t)gridDim.x * kThreads) {
+    float v[kVec];
+    load_floats(w + i * kVec, v);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_down_sync(0xffffffffu, dot, offset);
-  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_dots[warp] = dot;
-  __syncthreads();
-  if (warp == 0) {
-    dot = lane < kThreads / 32 ? warp_dots[lane] : 0.0f;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_down_sync(0xffffffffu, dot, offset);
-    if (lane == 0) a.partial_dots[blockIdx.x] = dot;
+    for (int k = 0; k < kVec; ++k) v[k] *= s;
+    store_floats(out + i * kVec, v);
   }
 }
 
-template <typename W>
-__global__ void __launch_bounds__(kThreads) scaled_weight_kernel(W const* w, int64_t n, float const* scale, W* out) {
-  float const s = *scale;
-  for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n; i += (int64_t)gridDim.x * kThreads) {
-    out[i] = from_float<W>(to_float(w[i]) * s);
+template <typename G, typename W>
+cudaError_t launch_typed(WgradEpilogueArgs const& a, int blocks, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(a.counter, 0, sizeof(unsigned), stream);
+  if (err != cudaSuccess) return err;
+  bool const vec8 = a.n % 8 == 0 && aligned16(a.g) && aligned16(a.weight) && aligned16(a.dw);
+  if (vec8) {
+    wgrad_epilogue_kernel<G, W, 8><<<blocks, kThreads, 0, stream>>>(a);
+  } else {
+    wgrad_epilogue_kernel<G, W, 1><<<blocks, kThreads, 0, stream>>>(a);
   }
+  return cudaGetLastError();
 }
 
 template <typename G>
 cudaError_t launch_for_g(WgradEpilogueArgs const& a, int blocks, cudaStream_t stream) {
-  if (a.w_type == Elem::kF16) {
-    wgrad_epilogue_kernel<G, __half><<<blocks, kThreads, 0, stream>>>(a);
-  } else if (a.w_type == Elem::kBF16) {
-    wgrad_epilogue_kernel<G, __nv_bfloat16><<<blocks, kThreads, 0, stream>>>(a);
+  switch (a.w_type) {
+    case Elem::kF16: return launch_typed<G, __half>(a, blocks, stream);
+    case Elem::kBF16: return launch_typed<G, __nv_bfloat16>(a, blocks, stream);
+    default: return launch_typed<G, float>(a, blocks, stream);
+  }
+}
+
+template <typename W>
+cudaError_t launch_scaled_typed(void const* w, int64_t n, float const* scale, void* out, int blocks,
+                                cudaStream_t stream) {
+  auto const* src = static_cast<W const*>(w);
+  auto* dst = static_cast<W*>(out);
+  if (n % 8 == 0 && aligned16(w) && aligned16(out)) {
+    scaled_weight_kernel<W, 8><<<blocks, kThreads, 0, stream>>>(src, n, scale, dst);
   } else {
-    wgrad_epilogue_kernel<G, float><<<blocks, kThreads, 0, stream>>>(a);
+    scaled_weight_kernel<W, 1><<<blocks, kThreads, 0, stream>>>(src, n, scale, dst);
   }
   return cudaGetLastError();
 }
@@ -76,14 +107,8 @@ cudaError_t launch_wgrad_epilogue(WgradEpilogueArgs const& a, int blocks, cudaSt
 
 cudaError_t launch_scaled_weight(void const* w, Elem type, int64_t n, float const* scale, void* out, int blocks,
                                  cudaStream_t stream) {
-  if (type == Elem::kF16) {
-    scaled_weight_kernel<__half><<<blocks, kThreads, 0, stream>>>(static_cast<__half const*>(w), n, scale,
-                                                                  static_cast<__half*>(out));
-  } else {
-    scaled_weight_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
-        static_cast<__nv_bfloat16 const*>(w), n, scale, static_cast<__nv_bfloat16*>(out));
-  }
-  return cudaGetLastError();
+  return type == Elem::kF16 ? launch_scaled_typed<__half>(w, n, scale, out, blocks, stream)
+                            : launch_scaled_typed<__nv_bfloat16>(w, n, scale, out, blocks, stream);
 }
 
 }  // namespace conv2d_backward

@@ -1,11 +1,11 @@
 // Weight-sized kernels around the convs' dgrad/wgrad (FixUp: y = scale * conv(x, w)):
 //   wgrad epilogue:  G = sum over split-K slices of the wgrad partial sums (or cuDNN's dw)
 //                    dw = scale * G (in the weight's type: what autograd needs for it)
-//                    and per-block partial sums of <w, G>
+//                    and <w, G> (the last block adds the blocks' sums: common/grid_sum.cuh)
 //                    (d scale = <w, G>: sum(dy * conv(x, w)) without recomputing the conv)
 //   scaled weight:   w_s = round(scale * w), for cuDNN's dgrad (it takes no alpha)
-// One pass each over weight-sized tensors, float math; per-block partial sums (no atomics:
-// results do not depend on scheduling).  No torch here: conv2d_backward_cuda.cpp launches.
+// One pass each over weight-sized tensors, float math; the dot product's block sums added
+// in a fixed order (no floating-point atomics: results do not depend on scheduling).  No torch here: conv2d_backward_cuda.cpp launches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,8 @@ struct WgradEpilogueArgs {
   float const* scale;       // device scalar, or null (1)
   void* dw;                 // [n] in w_type, rounded once from float
   float* partial_dots;      // [blocks] per-block sums of w * G
+  unsigned* counter;        // one word of scratch (the launcher zeroes it)
+  float* dot;               // [1]: <w, G>, added by the last block
 };
 
 // Blocks a launch for n elements uses (the partial_dots entries to allocate).

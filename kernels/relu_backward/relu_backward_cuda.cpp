@@ -25,17 +25,21 @@ std::tuple<at::Tensor, at::Tensor> relu_backward_cuda(at::Tensor const& grad, at
   at::Tensor g = grad.contiguous(format), o = out.contiguous(format);
   int dev = out.device().index();
   int blocks = relu_backward_blocks(out.numel(), multiprocessor_count(dev));
-  auto partial = at::empty({blocks, 2}, out.options().dtype(at::kFloat));
+  // The per-block sums, then one word the kernel counts finished blocks in.
+  auto scratch = at::empty({2 * blocks + 1}, out.options().dtype(at::kFloat));
+  auto sums = at::empty({2}, out.options().dtype(at::kFloat));
   at::Tensor pb = post_bias ? post_bias->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
   ReluBackwardArgs a{};
   a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
   a.numel = out.numel();
   a.grad = g.data_ptr(); a.out = o.data_ptr(); a.grad_z = grad_z.data_ptr();
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
-  a.partial_sums = partial.data_ptr<float>();
+  a.partial_sums = scratch.data_ptr<float>();
+  a.counter = reinterpret_cast<unsigned*>(scratch.data_ptr<float>() + 2 * blocks);
+  a.sums = sums.data_ptr<float>();
   cudaError_t err = launch_relu_backward(a, blocks, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "relu_backward: kernel launch failed: ", cudaGetErrorString(err));
-  return {grad_z, partial.sum(0)};
+  return {grad_z, sums};
 }
 
 }  // namespace relu_backward

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 
 namespace cutlass_ops {
@@ -38,36 +39,14 @@ __global__ void __launch_bounds__(kThreads) relu_backward_kernel(ReluBackwardArg
     }
     g.store(grad_z + i * kVec);
   }
-  // Block reduction: warp shuffles, then one warp over the warps' sums.
-  __shared__ float warp_sums[2][kThreads / 32];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    sum_grad += __shfl_down_sync(0xffffffffu, sum_grad, offset);
-    sum_grad_z += __shfl_down_sync(0xffffffffu, sum_grad_z, offset);
-  }
-  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_sums[0][warp] = sum_grad;
-    warp_sums[1][warp] = sum_grad_z;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    sum_grad = lane < kThreads / 32 ? warp_sums[0][lane] : 0.0f;
-    sum_grad_z = lane < kThreads / 32 ? warp_sums[1][lane] : 0.0f;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      sum_grad += __shfl_down_sync(0xffffffffu, sum_grad, offset);
-      sum_grad_z += __shfl_down_sync(0xffffffffu, sum_grad_z, offset);
-    }
-    if (lane == 0) {
-      a.partial_sums[2 * blockIdx.x] = sum_grad;
-      a.partial_sums[2 * blockIdx.x + 1] = sum_grad_z;
-    }
-  }
+  float sums[2] = {sum_grad, sum_grad_z};
+  grid_sum<kThreads>(sums, a.partial_sums, a.counter, a.sums);
 }
 
 template <typename T>
 cudaError_t launch_typed(ReluBackwardArgs const& a, int blocks, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(a.counter, 0, sizeof(unsigned), stream);
+  if (err != cudaSuccess) return err;
   bool const vec8 = a.numel % 8 == 0 && aligned16(a.grad) && aligned16(a.out) && aligned16(a.grad_z);
   if (vec8) {
     relu_backward_kernel<T, 8><<<blocks, kThreads, 0, stream>>>(a);

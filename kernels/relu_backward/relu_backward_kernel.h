@@ -3,8 +3,8 @@
 //   sums   = (sum(grad), sum(grad_z))            (d post_bias, d of a scalar bias before the ReLU)
 // The ops compute in float32 and round once, so an element with z <= 0 stores exactly
 // post_bias rounded to the output dtype: the mask needs only the saved output.
-// One pass, fp16/bf16, float accumulation; per-block partial sums (no atomics: the result
-// does not depend on scheduling).  No torch here: relu_backward_cuda.cpp calls the launcher.
+// One pass, fp16/bf16, float accumulation; the last block adds the per-block sums in a
+// fixed order (common/grid_sum.cuh: the result does not depend on scheduling).  No torch here: relu_backward_cuda.cpp calls the launcher.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +22,8 @@ struct ReluBackwardArgs {
   float const* post_bias;  // device scalar, or null: the mask is out > 0
   void* grad_z;            // same layout as grad and out
   float* partial_sums;     // [blocks][2]: per block, sum(grad) and sum(grad_z)
+  unsigned* counter;       // one word of scratch (the launcher zeroes it)
+  float* sums;             // [2]: sum(grad), sum(grad_z), added by the last block
 };
 
 // Blocks the launch uses for `numel` elements (the partial_sums rows to allocate).

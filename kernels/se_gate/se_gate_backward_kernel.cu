@@ -145,6 +145,31 @@ struct ExciteSmem {
   }
 };
 
+// W2 (C, R) row-major into shared memory rows of pitch R + 1, with coalesced reads.  Float4
+// loads when R % 4 == 0: thread t keeps one float4 column r4 of every (kThreads / R4)-th row,
+// so no per-element division by R (at C=512, R=32 the scalar loop's index math was most of
+// the kernel's instructions).
+__device__ void stage_w2(float const* __restrict__ w2, float* w2s, int C, int R) {
+  int const R4 = R / 4;
+  if (R % 4 == 0 && R4 <= kThreads) {
+    int const rows_per_pass = kThreads / R4, c0 = threadIdx.x / R4, r = 4 * (threadIdx.x % R4);
+    if (c0 >= rows_per_pass) return;
+    auto const* w2v = reinterpret_cast<float4 const*>(w2);  // 16-byte aligned (the op checks)
+#pragma unroll 4
+    for (int c = c0; c < C; c += rows_per_pass) {
+      float4 const w = w2v[size_t(c) * R4 + r / 4];
+      float* dst = w2s + c * (R + 1) + r;
+      dst[0] = w.x;
+      dst[1] = w.y;
+      dst[2] = w.z;
+      dst[3] = w.w;
+    }
+  } else {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < C * R; i += kThreads) w2s[(i / R) * (R + 1) + i % R] = w2[i];
+  }
+}
+
 template <int kImages>
 __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGateBackwardArgs a) {
   wait_for_previous_grid();
@@ -161,8 +186,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
   int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
   float const* __restrict__ w1 = a.w1;
   float const* __restrict__ w2 = a.w2;
-#pragma unroll 8
-  for (int i = tid; i < C * R; i += kThreads) w2s[(i / R) * (R + 1) + i % R] = w2[i];  // coalesced reads
+  stage_w2(w2, w2s, C, R);
   for (int i = tid; i < images * C; i += kThreads) {
     squeeze[i] = a.squeeze[size_t(n0) * C + i];
     d_gate[i] = a.d_gate[size_t(n0) * C + i];
@@ -318,28 +342,38 @@ cudaError_t launch_typed(SeGateBackwardArgs const& a, int images_per_cta, int nu
   return launch_kernel<se_gate_backward_input_kernel<T>>(grid, kThreads, 0, stream, a.programmatic_launch, a);
 }
 
-// Entry e of the batch sums: W1 (r, c) at r*C + c, then W2 (c, r) at c*R + r, then b1, b2,
-// and the two scalars.
-struct ParamEntry {
-  int kind;  // 0 W1, 1 W2, 2 b1, 3 b2, 4 identity_bias, 5 post_bias
-  int i, j;
+// One row of the batch sums (a row per chunk of images, then summed over the chunks): W1 (r, c),
+// W2 transposed (r, c) so that a thread per channel writes both coalesced, b1, b2 and the
+// two scalars.  Encoded by the partial kernel and decoded by the final one, both through here.
+struct ParamLayout {
+  int C, R;
+  __device__ int w1(int r, int c) const { return r * C + c; }
+  __device__ int w2(int r, int c) const { return R * C + r * C + c; }
+  __device__ int b1(int r) const { return 2 * R * C + r; }
+  __device__ int b2(int c) const { return 2 * R * C + R + c; }
+  __device__ int identity_bias() const { return 2 * R * C + R + C; }
+  __device__ int post_bias() const { return identity_bias() + 1; }
 };
 
-__device__ inline ParamEntry param_entry(int e, int C, int R) {
-  int const rc = R * C;
-  if (e < rc) return {0, e / C, e % C};
-  e -= rc;
-  if (e < rc) return {1, e / R, e % R};
-  e -= rc;
-  if (e < R) return {2, e, 0};
-  e -= R;
-  if (e < C) return {3, e, 0};
-  return {e == C ? 4 : 5, 0, 0};
+// The gradient entry e of the layout belongs to.
+__device__ inline void store_param_grad(SeParamGradArgs const& a, ParamLayout const& l, int e, float v) {
+  int const rc = l.R * l.C;
+  if (e < l.b1(0)) {  // W1 or W2: (r, c) at r*C + c of its block
+    int const block = e < rc ? 0 : 1, r = (e - block * rc) / l.C, c = (e - block * rc) % l.C;
+    if (block == 0) a.grad_w1[l.w1(r, c)] = v;  // grad_w1 is (R, C), as the layout
+    else a.grad_w2[c * l.R + r] = v;           // grad_w2 is (C, R)
+  } else if (e < l.b2(0)) {
+    a.grad_b1[e - l.b1(0)] = v;
+  } else if (e < l.identity_bias()) {
+    a.grad_b2[e - l.b2(0)] = v;
+  } else {
+    *(e == l.identity_bias() ? a.grad_identity_bias : a.grad_post_bias) = v;
+  }
 }
 
 // One thread per channel c of a chunk of images: the products with every hidden unit r in
 // registers (32 at a time), the chunk's d_pre1 and hidden rows in shared memory, so each
-// per-image vector is read once.  Writes the chunk's row of partials (entry layout above).
+// per-image vector is read once.  Writes the chunk's row of partials (ParamLayout).
 constexpr int kRTile = 32;
 constexpr int kLoads = 8;
 
@@ -357,6 +391,7 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SePara
   }
   __syncthreads();
   float* out = a.partials + (int64_t)blockIdx.y * entries;
+  ParamLayout const layout{C, R};
   int const c = blockIdx.x * kThreads + threadIdx.x;
   if (c < C) {
     float b2 = 0.0f;
@@ -391,18 +426,18 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SePara
 #pragma unroll
       for (int k = 0; k < kRTile; ++k) {
         if (r0 + k < R) {
-          out[(r0 + k) * C + c] = w1[k];            // W1 (r, c)
-          out[R * C + c * R + r0 + k] = w2[k];      // W2 (c, r)
+          out[layout.w1(r0 + k, c)] = w1[k];
+          out[layout.w2(r0 + k, c)] = w2[k];
         }
       }
     }
-    out[2 * R * C + R + c] = b2;
+    out[layout.b2(c)] = b2;
   }
   if (blockIdx.x == 0) {  // b1 and the two scalars
     for (int r = threadIdx.x; r < R; r += kThreads) {
       float b1 = 0.0f;
       for (int n = 0; n < count; ++n) b1 += s_dpre1[n * R + r];
-      out[2 * R * C + r] = b1;
+      out[layout.b1(r)] = b1;
     }
     if (threadIdx.x == 0) {
       float identity_bias = 0.0f, post_bias = 0.0f;
@@ -410,8 +445,8 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_partial_kernel(SePara
         identity_bias += a.sums[2 * n + 1];
         post_bias += a.sums[2 * n];
       }
-      out[entries - 2] = identity_bias;
-      out[entries - 1] = post_bias;
+      out[layout.identity_bias()] = identity_bias;
+      out[layout.post_bias()] = post_bias;
     }
   }
 }
@@ -429,26 +464,20 @@ __global__ void __launch_bounds__(kThreads) se_param_grads_final_kernel(SeParamG
     for (int j = 0; j < kLoads; ++j) acc += v[j];
   }
   for (; k < chunks; ++k) acc += a.partials[(int64_t)k * entries + e];
-  ParamEntry const p = param_entry(e, a.C, a.R);
-  switch (p.kind) {
-    case 0: a.grad_w1[p.i * a.C + p.j] = acc; break;
-    case 1: a.grad_w2[p.i * a.R + p.j] = acc; break;
-    case 2: a.grad_b1[p.i] = acc; break;
-    case 3: a.grad_b2[p.i] = acc; break;
-    case 4: *a.grad_identity_bias = acc; break;
-    default: *a.grad_post_bias = acc; break;
-  }
+  store_param_grad(a, ParamLayout{a.C, a.R}, e, acc);
 }
 
 }  // namespace
 
 int se_param_grad_entries(int C, int R) { return 2 * C * R + R + C + 2; }
 
-int se_param_grad_chunks(int N, int C, int R, int num_sms) {
-  // About two CTAs per SM, with the partials (chunks x entries floats) kept under 8 MB and
-  // each chunk's two (images x R) tiles under 32 KB of shared memory.
-  int const channel_blocks = (C + kThreads - 1) / kThreads;
-  int chunks = (2 * num_sms + channel_blocks - 1) / channel_blocks;
+int se_param_grad_chunks(int N, int C, int R) {
+  // Chunks of 16 images, the partials (chunks x entries floats) kept under 8 MB and each
+  // chunk's two (images x R) tiles under 32 KB of shared memory.  (On an H100, the whole
+  // se_gate_backward with 16-image chunks ran within 7% of its best over 4-128 chunks, for
+  // FusedResNet's four SE shapes at N = 512 and 2048.  2-8 images a chunk, which had given
+  // every SM two CTAs, wrote so many partials that C=256 at N=512 took 52 us instead of 37.)
+  int chunks = (N + 15) / 16;
   chunks = min(chunks, max(1, (2 << 20) / se_param_grad_entries(C, R)));
   int const max_images = max(1, (32 << 10) / int(2 * sizeof(float) * R));
   chunks = max(chunks, (N + max_images - 1) / max_images);

@@ -30,7 +30,7 @@ struct SeGateBackwardArgs {
   void const* grad_pooled;           // [N, P, Q, C], or null: no fused pool
   void const* h;                     // [N, H, W, C]: se_gate's input h
   void const* out;                   // [N, H, W, C]: se_gate's saved output
-  float const* w1; float const* b1;  // (R, C), (R); W1 16-byte aligned
+  float const* w1; float const* b1;  // (R, C), (R); W1 and W2 16-byte aligned
   float const* w2; float const* b2;  // (C, R), (C)
   float const* post_bias;            // device scalar or null
   void* grad_y;                      // [N, H, W, C]: dy, which is also identity's gradient
@@ -58,7 +58,7 @@ size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta);
 // Images per excite CTA (1, 2, 4 or 8): as many as still leave a CTA for every SM and fit.
 int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes);
 
-// Requirements: se_gate_backward_supported(C, R, ...), 16-byte aligned 16-bit tensors and W1.
+// Requirements: se_gate_backward_supported(C, R, ...), 16-byte aligned 16-bit tensors, W1 and W2.
 // Returns the first launch error.
 cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
                                     cudaStream_t stream);
@@ -77,7 +77,7 @@ struct SeParamGradArgs {
 
 int se_param_grad_entries(int C, int R);
 // Chunks of images the first kernel splits the batch into (the partials rows to allocate).
-int se_param_grad_chunks(int N, int C, int R, int num_sms);
+int se_param_grad_chunks(int N, int C, int R);
 cudaError_t launch_se_gate_param_grads(SeParamGradArgs const& a, int chunks, cudaStream_t stream);
 
 }  // namespace se_gate

@@ -117,7 +117,7 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   auto grad_w1 = at::empty({R, C}, f32), grad_b1 = at::empty({R}, f32);
   auto grad_w2 = at::empty({C, R}, f32), grad_b2 = at::empty({C}, f32);
   auto grad_identity_bias = at::empty({}, f32), grad_post_bias = at::empty({}, f32);
-  int const chunks = se_param_grad_chunks(N, C, R, num_sms);
+  int const chunks = se_param_grad_chunks(N, C, R);
   auto partials = at::empty({chunks, se_param_grad_entries(C, R)}, f32);
   SeParamGradArgs p{int(N), int(C), int(R), squeeze.data_ptr<float>(), hidden.data_ptr<float>(),
                     d_pre1.data_ptr<float>(), d_pre2.data_ptr<float>(), sums.data_ptr<float>(),

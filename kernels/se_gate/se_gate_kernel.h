@@ -42,7 +42,7 @@ struct SeGateShape {
 
 // How to launch N images of H x W x C on a GPU with `num_sms` SMs and `max_smem_bytes` of
 // shared memory per block: W2 staged in shared memory when it fits, and more than one
-// image per CTA for small images when there are CTAs enough to fill the GPU twice over.
+// image per CTA for small images while every SM still gets a CTA.
 SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes);
 
 // Largest C the kernel takes (one thread per 8 channels of a pixel).
