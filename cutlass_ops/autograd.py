@@ -20,6 +20,9 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     sum(g * conv(x, w)) = <w, wgrad(g, x)> (the conv is not recomputed): on CUDA one
     kernel after the wgrad sums its split-K slices, scales and takes that dot product.
     Which kernel each conv ran: cutlass_ops.ops.conv2d_backward_last_kernel().
+  - space_to_depth_conv (the stem), when its input needs no gradient:
+    space_to_depth_conv_weight_grad, one pass for the ReLU mask, the FixUp sums and dw
+    (the patch matrix rebuilt from the saved input, as the forward built it).
   - Other bias gradients: float32 sums over the 16-bit gradients.
 Saved: the op inputs and outputs (16-bit activations; FusedResNet's outputs are the next
 op's inputs, so that costs no memory).  Not fused yet: the ReLU mask and the FixUp bias
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import conv2d_dgrad, conv2d_wgrad, relu_backward, se_gate_backward
+from .ops import conv2d_dgrad, conv2d_wgrad, relu_backward, se_gate_backward, space_to_depth_conv_weight_grad
 
 
 def _accumulate_dtype(t: torch.Tensor) -> torch.dtype:
@@ -147,6 +150,11 @@ def _s2d_setup(ctx, inputs, output):
 def _s2d_backward(ctx, grad):
     x, w, post_bias, out = ctx.saved_tensors
     x_meta, w_meta, post_meta = ctx.metas
+    if not ctx.needs[0]:
+        # The usual case (the input is data): mask, sums and dw in one op (one pass on CUDA).
+        grad_w, sums = space_to_depth_conv_weight_grad(grad.to(x.dtype), x, out if ctx.relu else None, post_bias)
+        grad_post = _grad_as(sums[0], post_meta) if ctx.needs[2] else None
+        return None, _grad_as(grad_w, w_meta) if ctx.needs[1] else None, grad_post, None
     acc, conv_dtype = _accumulate_dtype(x), _conv_dtype(x)
     g, sum_grad, _ = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc, want_sums=ctx.needs[2])
     grad_post = _grad_as(sum_grad, post_meta) if ctx.needs[2] else None

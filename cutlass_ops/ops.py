@@ -191,6 +191,32 @@ def _space_to_depth_conv_fake(input, weight, post_bias=None, relu=False):
     return input.new_empty((n, weight.shape[0], h // 4, w // 4)).contiguous(memory_format=torch.channels_last)
 
 
+def space_to_depth_conv_weight_grad(grad: torch.Tensor, input: torch.Tensor, out: Optional[torch.Tensor] = None,
+                                    post_bias: Scalar = None):
+    """The backward of ``space_to_depth_conv(input, weight, post_bias, relu)`` when ``input``
+    needs no gradient (a stem's input is data), in one pass over grad, out and input:
+
+        grad_z      = where(out != post_bias rounded, grad, 0)   # the ReLU mask; grad if out is None
+        grad_weight = grad_z^T @ space_to_depth(input)           # (K, 16C, 1, 1)
+        sums        = (grad.sum(), grad_z.sum())                 # post_bias's gradient is sums[0]
+
+    ``out`` is the forward's saved output (pass it when the forward had ``relu=True``).
+    grad_weight and sums are float32 (float64 for float64 inputs).  fp16/bf16 on CUDA with
+    the forward kernel's shapes run a WMMA kernel (the patch matrix built as the forward
+    builds it); other cases the ATen composite.
+    """
+    return torch.ops.cutlass_ops.space_to_depth_conv_weight_grad(grad, input, out, _as_tensor(post_bias, input))
+
+
+@torch.library.register_fake("cutlass_ops::space_to_depth_conv_weight_grad")
+def _space_to_depth_conv_weight_grad_fake(grad, input, out=None, post_bias=None):
+    torch._check(input.dim() == 4 and grad.dim() == 4,
+                 lambda: "space_to_depth_conv_weight_grad: input and grad must be 4-D")
+    acc = torch.float64 if input.dtype == torch.float64 else torch.float32
+    return (input.new_empty((grad.shape[1], 16 * input.shape[1], 1, 1), dtype=acc),
+            input.new_empty((2,), dtype=acc))
+
+
 def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Sequence[int],
                  stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
                  scale: Scalar = None) -> torch.Tensor:

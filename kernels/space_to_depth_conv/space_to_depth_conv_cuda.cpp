@@ -1,6 +1,7 @@
-// CUDA implementation of cutlass_ops::space_to_depth_conv (kernel in
-// space_to_depth_conv_kernel.cu).  fp16/bf16 with 1..16 input channels and 32, 64 or 128
-// output channels run the kernel; anything else the ATen composite.
+// CUDA implementations of cutlass_ops::space_to_depth_conv (kernel in
+// space_to_depth_conv_kernel.cu) and space_to_depth_conv_weight_grad
+// (space_to_depth_conv_backward_kernel.cu).  fp16/bf16 with 1..16 input channels and 32, 64
+// or 128 output channels run the kernels; anything else the ATen composites.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 
 #include "common/cuda_device.h"
+#include "space_to_depth_conv/space_to_depth_conv_backward_kernel.h"
 #include "space_to_depth_conv/space_to_depth_conv_kernel.h"
 #include "space_to_depth_conv/space_to_depth_conv_op.h"
 
@@ -53,9 +55,49 @@ at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& w
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> space_to_depth_conv_weight_grad_cuda(
+    at::Tensor const& grad, at::Tensor const& input, c10::optional<at::Tensor> const& out,
+    c10::optional<at::Tensor> const& post_bias) {
+  auto dims = check_weight_grad_inputs(grad, input, out, post_bias);
+  int64_t const N = dims[0], C = dims[1], H = dims[2], W = dims[3], K = dims[4];
+  auto dtype = input.scalar_type();
+  auto fallback = [&] { return space_to_depth_conv_weight_grad_aten(grad, input, out, post_bias); };
+  if (dtype != at::kHalf && dtype != at::kBFloat16) return fallback();
+  DType kernel_dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  int const dev = input.device().index();
+  if (!kernel_supports(kernel_dtype, compute_capability(dev), C, K) || N * (H / kBlock) * (W / kBlock) >= INT32_MAX ||
+      N == 0) {
+    return fallback();
+  }
+  auto const cl = at::MemoryFormat::ChannelsLast;
+  at::Tensor g = grad.contiguous(cl), o = out ? out->contiguous(cl) : at::Tensor();
+  auto aligned = [](at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (!aligned(g) || (o.defined() && !aligned(o))) return fallback();
+  c10::cuda::CUDAGuard guard(input.device());
+  auto f32 = input.options().dtype(at::kFloat);
+  int const blocks = weight_grad_blocks(N, H, W, multiprocessor_count(dev));
+  auto partials = at::empty({blocks, K * kBlock * kBlock * C + 2}, f32);
+  auto dw = at::empty({K, kBlock * kBlock * C, 1, 1}, f32);
+  auto sums = at::empty({2}, f32);
+  at::Tensor pb = post_bias ? post_bias->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
+
+  WeightGradArgs a{};
+  a.dtype = kernel_dtype;
+  a.N = N; a.C = C; a.H = H; a.W = W; a.K = K;
+  a.stride_n = input.stride(0); a.stride_c = input.stride(1);
+  a.stride_h = input.stride(2); a.stride_w = input.stride(3);
+  a.input = input.data_ptr(); a.grad = g.data_ptr(); a.out = o.defined() ? o.data_ptr() : nullptr;
+  a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  a.partials = partials.data_ptr<float>(); a.grad_weight = dw.data_ptr<float>(); a.sums = sums.data_ptr<float>();
+  cudaError_t err = launch_space_to_depth_conv_weight_grad(a, blocks, c10::cuda::getCurrentCUDAStream(dev).stream());
+  TORCH_CHECK(err == cudaSuccess, "space_to_depth_conv_weight_grad: kernel launch failed: ", cudaGetErrorString(err));
+  return {dw, sums};
+}
+
 }  // namespace space_to_depth_conv
 }  // namespace cutlass_ops
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("space_to_depth_conv", &cutlass_ops::space_to_depth_conv::space_to_depth_conv_cuda);
+  m.impl("space_to_depth_conv_weight_grad", &cutlass_ops::space_to_depth_conv::space_to_depth_conv_weight_grad_cuda);
 }

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/programmatic_launch.cuh"
+#include "space_to_depth_conv/space_to_depth_patches.cuh"
 
 namespace cutlass_ops {
 namespace space_to_depth_conv {
@@ -15,7 +16,6 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kBlock = 4;             // space-to-depth factor
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kPixels = 16 * kWarps;  // output pixels per CTA: 16 rows of A per warp
@@ -69,27 +69,8 @@ __device__ void conv_tile(SpaceToDepthConvArgs const& a, Smem const& s) {
     *reinterpret_cast<uint4*>(B + k * s.ldb + kc) = w[i];
   }
 
-  // Input patches.  Each thread owns (pixel, dx) pairs, neighbouring threads the
-  // neighbouring input columns (dx fastest, then q), and walks that column's C x 4 values.
-  T const* x = static_cast<T const*>(a.input);
-  for (int j = tid; j < kPixels * kBlock; j += kThreads) {
-    int const dx = j % kBlock, pix = j / kBlock;
-    int const m = m0 + pix;
-    T* row = A + pix * s.lda + dx * C;
-    if (m < M) {
-      int const n = m / (P * Q), pq = m % (P * Q), p = pq / Q, q = pq % Q;
-      T const* src = x + n * a.stride_n + (kBlock * p) * a.stride_h + (kBlock * q + dx) * a.stride_w;
-      for (int c = 0; c < C; ++c) {
-#pragma unroll
-        for (int dy = 0; dy < kBlock; ++dy) row[dy * kBlock * C + c] = src[c * a.stride_c + dy * a.stride_h];
-      }
-    } else {
-      for (int c = 0; c < C; ++c) {
-#pragma unroll
-        for (int dy = 0; dy < kBlock; ++dy) row[dy * kBlock * C + c] = T(0.f);
-      }
-    }
-  }
+  load_patches<T, kThreads>(static_cast<T const*>(a.input), a.N, C, a.H, a.W, a.stride_n, a.stride_c, a.stride_h,
+                            a.stride_w, m0, kPixels, A, s.lda);
   __syncthreads();
 
   int const warp = tid / 32;

@@ -1,6 +1,7 @@
 // cutlass_ops::space_to_depth_conv: SpaceToDepth(4) + 1x1 conv + ReLU + post_bias (a ResNet
-// stem) from NCHW input.  Schema, checks and the CPU (ATen) implementation; CUDA in
-// space_to_depth_conv_cuda.cpp, fake and autograd in cutlass_ops/.
+// stem) from NCHW input, and space_to_depth_conv_weight_grad, its backward when the input
+// needs no gradient.  Schemas, checks and the CPU (ATen) implementations; CUDA in
+// space_to_depth_conv_cuda.cpp, fakes and autograd in cutlass_ops/.
 #include "space_to_depth_conv/space_to_depth_conv_op.h"
 
 #include <torch/library.h>
@@ -55,13 +56,69 @@ at::Tensor space_to_depth_conv_aten(at::Tensor const& input, at::Tensor const& w
   return out;
 }
 
+std::vector<int64_t> check_weight_grad_inputs(at::Tensor const& grad, at::Tensor const& input,
+                                              c10::optional<at::Tensor> const& out,
+                                              c10::optional<at::Tensor> const& post_bias) {
+  char const* op = "space_to_depth_conv_weight_grad";
+  TORCH_CHECK_VALUE(input.dim() == 4 && grad.dim() == 4, op, ": input and grad must be 4-D, got ", input.dim(),
+                    "-D and ", grad.dim(), "-D");
+  TORCH_CHECK_VALUE(at::isFloatingType(input.scalar_type()), op, ": input must be floating, got ",
+                    input.scalar_type());
+  int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3), K = grad.size(1);
+  TORCH_CHECK_VALUE(H % kBlock == 0 && W % kBlock == 0, op, ": input height and width must be multiples of ",
+                    kBlock, ", got ", H, "x", W);
+  TORCH_CHECK_VALUE(grad.size(0) == N && grad.size(2) == H / kBlock && grad.size(3) == W / kBlock, op,
+                    ": grad must be (", N, ", K, ", H / kBlock, ", ", W / kBlock, ") for input ", input.sizes(),
+                    ", got ", grad.sizes());
+  TORCH_CHECK_VALUE(grad.scalar_type() == input.scalar_type(), op, ": grad dtype ", grad.scalar_type(),
+                    " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(grad.device() == input.device(), op, ": grad is on ", grad.device(), " but input is on ",
+                    input.device());
+  if (out) {
+    TORCH_CHECK_VALUE(out->sizes() == grad.sizes(), op, ": out shape ", out->sizes(), " differs from grad shape ",
+                      grad.sizes());
+    TORCH_CHECK_VALUE(out->scalar_type() == grad.scalar_type(), op, ": out dtype ", out->scalar_type(),
+                      " differs from grad dtype ", grad.scalar_type());
+    TORCH_CHECK_VALUE(out->device() == input.device(), op, ": out is on ", out->device(), " but input is on ",
+                      input.device());
+  }
+  if (post_bias) {
+    TORCH_CHECK_VALUE(post_bias->numel() == 1 && post_bias->dim() <= 1, op,
+                      ": post_bias must be a scalar tensor, got ", post_bias->sizes());
+    TORCH_CHECK_VALUE(post_bias->device() == input.device(), op, ": post_bias is on ", post_bias->device(),
+                      " but input is on ", input.device());
+  }
+  return {N, C, H, W, K};
+}
+
+std::tuple<at::Tensor, at::Tensor> space_to_depth_conv_weight_grad_aten(
+    at::Tensor const& grad, at::Tensor const& input, c10::optional<at::Tensor> const& out,
+    c10::optional<at::Tensor> const& post_bias) {
+  auto dims = check_weight_grad_inputs(grad, input, out, post_bias);
+  int64_t N = dims[0], C = dims[1], P = dims[2] / kBlock, Q = dims[3] / kBlock, K = dims[4];
+  auto acc = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor g = grad.to(acc), gz = g;
+  if (out) {  // the ReLU mask from the saved output, as relu_backward
+    auto active = post_bias ? out->ne(post_bias->to(out->scalar_type()).reshape({})) : out->gt(0);
+    gz = at::where(active, g, at::zeros({}, g.options()));
+  }
+  auto sums = at::stack({g.sum(), gz.sum()});
+  auto patches = input.to(acc).reshape({N, C, P, kBlock, Q, kBlock}).permute({0, 2, 4, 3, 5, 1})
+                     .reshape({N * P * Q, kBlock * kBlock * C});
+  auto dw = gz.permute({0, 2, 3, 1}).reshape({N * P * Q, K}).t().mm(patches);
+  return {dw.reshape({K, kBlock * kBlock * C, 1, 1}), sums};
+}
+
 }  // namespace space_to_depth_conv
 }  // namespace cutlass_ops
 
 TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def("space_to_depth_conv(Tensor input, Tensor weight, Tensor? post_bias=None, bool relu=False) -> Tensor");
+  m.def("space_to_depth_conv_weight_grad(Tensor grad, Tensor input, Tensor? out=None, Tensor? post_bias=None) "
+        "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("space_to_depth_conv", &cutlass_ops::space_to_depth_conv::space_to_depth_conv_aten);
+  m.impl("space_to_depth_conv_weight_grad", &cutlass_ops::space_to_depth_conv::space_to_depth_conv_weight_grad_aten);
 }

@@ -18,5 +18,16 @@ std::vector<int64_t> check_inputs(at::Tensor const& input, at::Tensor const& wei
 at::Tensor space_to_depth_conv_aten(at::Tensor const& input, at::Tensor const& weight,
                                     c10::optional<at::Tensor> const& post_bias, bool relu);
 
+// space_to_depth_conv_weight_grad: checks (errors name the argument); returns (N, C, H, W, K).
+std::vector<int64_t> check_weight_grad_inputs(at::Tensor const& grad, at::Tensor const& input,
+                                              c10::optional<at::Tensor> const& out,
+                                              c10::optional<at::Tensor> const& post_bias);
+
+// Its ATen composite (mask, sums, the permuted input and one GEMM) in float32 (float64 for
+// double): the CPU implementation and the CUDA fallback.
+std::tuple<at::Tensor, at::Tensor> space_to_depth_conv_weight_grad_aten(
+    at::Tensor const& grad, at::Tensor const& input, c10::optional<at::Tensor> const& out,
+    c10::optional<at::Tensor> const& post_bias);
+
 }  // namespace space_to_depth_conv
 }  // namespace cutlass_ops

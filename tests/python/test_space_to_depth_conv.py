@@ -125,3 +125,104 @@ def test_weight_view_not_16_byte_aligned(device):
     shifted.copy_(wt)
     rel, _ = errors(cutlass_ops.space_to_depth_conv(x, shifted, post, relu=True), reference(x, wt, post, True))
     assert rel <= TOLERANCE[torch.float16][0]
+
+
+# ---- space_to_depth_conv_weight_grad: the stem's backward when the input needs no gradient ----
+
+def weight_grad_reference(grad, x, out, post):
+    """float64: the ReLU mask as the saved output encodes it, then dW = grad_z^T s2d(x)."""
+    g = grad.double().cpu()
+    gz = g
+    if out is not None:
+        inactive = post.to(out.dtype).double().cpu() if post is not None else 0.0
+        o = out.double().cpu()
+        gz = torch.where(o != inactive if post is not None else o > 0, g, 0.0)
+    n, c, h, w = x.shape
+    s2d = x.double().cpu().view(n, c, h // 4, 4, w // 4, 4).permute(0, 2, 4, 3, 5, 1).reshape(-1, 16 * c)
+    dw = gz.permute(0, 2, 3, 1).reshape(-1, g.shape[1]).t() @ s2d
+    return dw.reshape(g.shape[1], 16 * c, 1, 1), torch.stack([g.sum(), gz.sum()]), g.abs().sum()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES + [(37, 3, 64, 64, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("relu, with_post", [(True, True), (True, False), (False, True)])
+def test_weight_grad_matches_float64(device, dtype, shape, relu, with_post):
+    g = torch.Generator().manual_seed(hash((shape, relu, with_post)) % 2**31)
+    n, c, h, w, k = shape
+    x, wt, post = make(n, c, h, w, k, dtype, device, g, layout="sliced" if n == 7 else "nchw")
+    post = post if with_post else None
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        out = cutlass_ops.space_to_depth_conv(x, wt, post, relu=relu)
+    grad = torch.randn(out.shape, generator=g).to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    poison_cuda_cache(4 * k * 16 * c * 300)
+    dw, sums = cutlass_ops.ops.space_to_depth_conv_weight_grad(grad, x, out if relu else None, post)
+    want_dw, want_sums, scale = weight_grad_reference(grad, x, out if relu else None, post)
+    assert dw.shape == (k, 16 * c, 1, 1) and dw.dtype == torch.float32 and sums.shape == (2,)
+    # float32 sums of the exact 16-bit products: far closer to float64 than the dtype's rounding.
+    rel, mx = errors(dw, want_dw)
+    assert rel < 1e-5 and mx < 1e-4, (rel, mx)
+    assert ((sums.double().cpu() - want_sums).abs() / scale).max() < 1e-6, (sums, want_sums)
+    if relu:  # both sides of the mask exercised
+        o = out.double().cpu()
+        active = o != post.to(dtype).double().cpu() if with_post else o > 0
+        assert 0.2 < active.double().mean() < 0.8
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_grad_bad_inputs_raise_clear_errors(device):
+    x = torch.randn(2, 3, 16, 16, device=device, dtype=torch.float16)
+    grad = torch.randn(2, 64, 4, 4, device=device, dtype=torch.float16)
+    wg = cutlass_ops.ops.space_to_depth_conv_weight_grad
+    with pytest.raises(ValueError, match=r"grad must be \(2, K, 4, 4\)"):
+        wg(grad[:, :, :3], x)
+    with pytest.raises(ValueError, match="grad dtype"):
+        wg(grad.float(), x)
+    with pytest.raises(ValueError, match="out shape"):
+        wg(grad, x, grad[:1])
+    with pytest.raises(ValueError, match="multiples of 4"):
+        wg(grad, x[:, :, :14])
+    with pytest.raises(ValueError, match="scalar"):
+        wg(grad, x, grad, torch.zeros(2, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_grad_opcheck(device):
+    x = torch.randn(2, 3, 8, 8, device=device, dtype=torch.float16)
+    grad = torch.randn(2, 64, 2, 2, device=device, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    out = torch.randn(2, 64, 2, 2, device=device, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    torch.library.opcheck(torch.ops.cutlass_ops.space_to_depth_conv_weight_grad.default,
+                          (grad, x, out, torch.tensor(0.5, device=device)))
+
+
+def test_gradcheck_float64_input_without_grad():
+    """The autograd path FusedResNet takes for data: weight and post_bias through
+    space_to_depth_conv_weight_grad."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 8, 4, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 32, 1, 1, generator=g, dtype=torch.float64, requires_grad=True)
+    post = torch.randn((), generator=g, dtype=torch.float64, requires_grad=True)
+    for relu in (True, False):
+        assert torch.autograd.gradcheck(lambda *a: cutlass_ops.space_to_depth_conv(x, *a, relu=relu), (w, post))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_weight_grad_paths_agree_on_cuda(dtype):
+    """With and without an input gradient (the fused op vs relu_backward + a 16-bit GEMM),
+    the stem's weight and post_bias gradients agree: to one rounding of dw to the weight's
+    dtype, and to float32 summation order."""
+    g = torch.Generator().manual_seed(4)
+    x, wt, post = make(64, 3, 64, 64, 64, dtype, "cuda", g)
+    wt.requires_grad_()
+    post.requires_grad_()
+    grads = []
+    for input_grad in (False, True):
+        xi = x.clone().requires_grad_(input_grad)
+        y = cutlass_ops.space_to_depth_conv(xi, wt, post, relu=True)
+        wt.grad = post.grad = None
+        (y.double() * torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to("cuda")).sum().backward()
+        grads.append((wt.grad.clone(), post.grad.clone()))
+    (dw_fused, post_fused), (dw_unfused, post_unfused) = grads
+    assert errors(dw_fused, dw_unfused)[0] < (1e-3 if dtype == torch.float16 else 8e-3)
+    assert errors(post_fused, post_unfused)[0] < 1e-5
