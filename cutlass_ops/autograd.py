@@ -16,6 +16,8 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     images per CTA, a grad_h pass) and the batch sums of the excite weights' gradients.
   - The conv's dgrad: conv2d_dgrad, the FixUp scale applied in the CUTLASS kernel's
     epilogue (alpha read on the device) or folded into the weight for cuDNN.
+  - While a CUDA graph is captured, each conv's wgrad runs on a side stream beside its
+    dgrad (joined before the node returns).
   - The conv's wgrad: conv2d_wgrad, which also returns the FixUp scale's gradient
     sum(g * conv(x, w)) = <w, wgrad(g, x)> (the conv is not recomputed): on CUDA one
     kernel after the wgrad sums its split-K slices, scales and takes that dot product.
@@ -29,6 +31,8 @@ op's inputs, so that costs no memory).  Not fused yet: the ReLU mask and the Fix
 sums into the convs' GEMMs (relu_backward is its own pass).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -71,6 +75,16 @@ def _epilogue_backward(grad: torch.Tensor, out, post_bias, acc: torch.dtype, wan
 
 # ---- conv2d_fused: y = act(scale * conv(x, w) + bias + residual) + post_bias -------------------
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
 def _conv_setup(ctx, inputs, output):
     x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs
     ctx.save_for_backward(x, w, scale, post_bias, output if relu else None)
@@ -96,14 +110,28 @@ def _conv_backward(ctx, grad):
     want_scale = scale is not None and needs[4]
     grad_x = grad_w = grad_scale = None
     g = g.to(x.dtype)
-    if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
-        grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
-    if needs[1] or want_scale:
+    want_w = needs[1] or want_scale
+    # While a CUDA graph is captured, wgrad goes on a side stream beside dgrad (they are
+    # independent; at small batches neither fills the GPU), joined before returning.  Eager
+    # calls stay on one stream: there the fork costs more host time than it saves.
+    side = _side_stream(g.device) if needs[0] and want_w and g.is_cuda and torch.cuda.is_current_stream_capturing() \
+        else None
+    if side is not None:
+        main = torch.cuda.current_stream(g.device)
+        side.wait_stream(main)
+    if want_w:
         # With G = wgrad(g, x): dw = s*G and ds = sum(g * conv(x, w)) = <w, G> (the conv is not
         # recomputed); conv2d_wgrad returns both, from one pass over G on CUDA.
-        grad_w, grad_scale = conv2d_wgrad(g, x, w, ctx.stride, ctx.padding, scale)
-        grad_w = grad_w if needs[1] else None
-        grad_scale = _grad_as(grad_scale, scale_meta) if want_scale else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            grad_w, grad_scale = conv2d_wgrad(g, x, w, ctx.stride, ctx.padding, scale)
+    if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
+        grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
+    if side is not None:
+        main.wait_stream(side)
+        for t in (grad_w, grad_scale):  # made on the side stream, used on the main one
+            t.record_stream(main)
+    grad_w = grad_w if needs[1] else None
+    grad_scale = _grad_as(grad_scale, scale_meta) if want_scale else None
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 
