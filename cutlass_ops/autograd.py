@@ -16,8 +16,8 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     images per CTA, a grad_h pass) and the batch sums of the excite weights' gradients.
   - The conv's dgrad: conv2d_dgrad, the FixUp scale applied in the CUTLASS kernel's
     epilogue (alpha read on the device) or folded into the weight for cuDNN.
-  - While a CUDA graph is captured, each conv's wgrad runs on a side stream beside its
-    dgrad (joined before the node returns).
+  - While a CUDA graph is captured, each conv's wgrad (and, without a ReLU, its bias sums)
+    runs on a side stream beside its dgrad, joined before the node returns.
   - The conv's wgrad: conv2d_wgrad, which also returns the FixUp scale's gradient
     sum(g * conv(x, w)) = <w, wgrad(g, x)> (the conv is not recomputed): on CUDA one
     kernel after the wgrad sums its split-K slices, scales and takes that dot product.
@@ -100,38 +100,50 @@ def _conv_backward(ctx, grad):
     needs = ctx.needs
     acc = _accumulate_dtype(x)
     scalar_bias = bias_meta is not None and len(bias_meta[0]) == 0
-    g, sum_grad, sum_g = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc,
-                                            want_sums=needs[5] or (needs[2] and scalar_bias))
-    grad_post = _grad_as(sum_grad, post_meta) if needs[5] else None
-    grad_bias = None
-    if needs[2] and bias_meta is not None:  # a 0-d bias is a scalar, a (K,) bias per channel
-        grad_bias = _grad_as(sum_g if scalar_bias else g.sum(dim=(0, 2, 3), dtype=acc), bias_meta)
+    want_sums = needs[5] or (needs[2] and scalar_bias)
+    want_w = needs[1] or (scale is not None and needs[4])
+    # While a CUDA graph is captured, the work nothing downstream waits for (wgrad, and the
+    # bias sums when there is no ReLU to mask first) goes on a side stream beside dgrad (at
+    # small batches neither fills the GPU), joined before returning.  Eager calls stay on
+    # one stream: there the fork costs more host time than it saves.
+    side = _side_stream(grad.device) if needs[0] and want_w and grad.is_cuda and \
+        torch.cuda.is_current_stream_capturing() else None
+    main = torch.cuda.current_stream(grad.device) if side is not None else None
+    on_side = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+
+    def sums_and_bias(g, sum_grad, sum_g):
+        grad_post = _grad_as(sum_grad, post_meta) if needs[5] else None
+        grad_bias = None
+        if needs[2] and bias_meta is not None:  # a 0-d bias is a scalar, a (K,) bias per channel
+            grad_bias = _grad_as(sum_g if scalar_bias else g.sum(dim=(0, 2, 3), dtype=acc), bias_meta)
+        return grad_post, grad_bias
+
+    g = grad
+    if ctx.relu or side is None:
+        g, sum_grad, sum_g = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc, want_sums)
+        grad_post, grad_bias = sums_and_bias(g, sum_grad, sum_g)
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
-    want_scale = scale is not None and needs[4]
     grad_x = grad_w = grad_scale = None
     g = g.to(x.dtype)
-    want_w = needs[1] or want_scale
-    # While a CUDA graph is captured, wgrad goes on a side stream beside dgrad (they are
-    # independent; at small batches neither fills the GPU), joined before returning.  Eager
-    # calls stay on one stream: there the fork costs more host time than it saves.
-    side = _side_stream(g.device) if needs[0] and want_w and g.is_cuda and torch.cuda.is_current_stream_capturing() \
-        else None
     if side is not None:
-        main = torch.cuda.current_stream(g.device)
         side.wait_stream(main)
-    if want_w:
-        # With G = wgrad(g, x): dw = s*G and ds = sum(g * conv(x, w)) = <w, G> (the conv is not
-        # recomputed); conv2d_wgrad returns both, from one pass over G on CUDA.
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+    with on_side:
+        if not ctx.relu and side is not None:
+            _, sum_grad, sum_g = _epilogue_backward(grad, None, post_bias, acc, want_sums)
+            grad_post, grad_bias = sums_and_bias(grad, sum_grad, sum_g)
+        if want_w:
+            # With G = wgrad(g, x): dw = s*G and ds = sum(g * conv(x, w)) = <w, G> (the conv is
+            # not recomputed); conv2d_wgrad returns both, from one pass over G on CUDA.
             grad_w, grad_scale = conv2d_wgrad(g, x, w, ctx.stride, ctx.padding, scale)
+            grad_w = grad_w if needs[1] else None
+            grad_scale = _grad_as(grad_scale, scale_meta) if needs[4] and scale is not None else None
     if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
         grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
     if side is not None:
         main.wait_stream(side)
-        for t in (grad_w, grad_scale):  # made on the side stream, used on the main one
-            t.record_stream(main)
-    grad_w = grad_w if needs[1] else None
-    grad_scale = _grad_as(grad_scale, scale_meta) if want_scale else None
+        for t in (grad_w, grad_scale, grad_post, grad_bias):  # made on the side stream, used on the main one
+            if t is not None:
+                t.record_stream(main)
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 
