@@ -151,27 +151,28 @@ def _conv_backward(ctx, grad):
 torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, setup_context=_conv_setup)
 
 
-# ---- se_gate: out = relu(h * g(h) + identity + identity_bias) + post_bias [, avgpool(out)] ------
+# ---- se_gate: out = relu(h' * g(h') + identity + identity_bias) + post_bias [, avgpool(out)],
+#      h' = h + h_bias --------------------------------------------------------------------------
 
 def _se_setup(ctx, inputs, output):
-    h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool = inputs
-    ctx.save_for_backward(h, w1, b1, w2, b2, post_bias, output[0])
+    h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool, h_bias = (list(inputs) + [None])[:10]
+    ctx.save_for_backward(h, w1, b1, w2, b2, post_bias, h_bias, output[0])
     ctx.avgpool = avgpool
-    ctx.metas = [_meta(t) for t in inputs[:8]]
-    ctx.needs = list(ctx.needs_input_grad) + [False] * 9  # short when defaults were dropped
+    ctx.metas = [_meta(t) for t in (h, identity, w1, b1, w2, b2, identity_bias, post_bias, h_bias)]
+    ctx.needs = list(ctx.needs_input_grad) + [False] * 10  # short when defaults were dropped
 
 
 def _se_backward(ctx, grad_out, grad_pooled):
-    h, w1, b1, w2, b2, post_bias, out = ctx.saved_tensors
+    h, w1, b1, w2, b2, post_bias, h_bias, out = ctx.saved_tensors
     metas, needs = ctx.metas, ctx.needs
     g_out = grad_out.to(out.dtype) if grad_out is not None else torch.zeros_like(out)
     pooled = ctx.avgpool and grad_pooled is not None and grad_pooled.numel()
     grads = se_gate_backward(g_out, grad_pooled.to(out.dtype) if pooled else None, h, out, w1, b1, w2, b2,
-                             post_bias)
-    grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post = grads
-    # se_gate's inputs: h, identity, fc1 w/b, fc2 w/b, identity_bias, post_bias, avgpool.
-    by_input = (grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post)
-    return (*(_grad_as(g, m) if need else None for g, m, need in zip(by_input, metas, needs)), None)
+                             post_bias, h_bias)
+    # se_gate's inputs: h, identity, fc1 w/b, fc2 w/b, identity_bias, post_bias, avgpool, h_bias.
+    by_input = list(grads[:8]) + [None, grads[8]]
+    metas = metas[:8] + [None, metas[8]]
+    return tuple(_grad_as(g, m) if need else None for g, m, need in zip(by_input, metas, needs[:10]))
 
 
 torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_context=_se_setup)

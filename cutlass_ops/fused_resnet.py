@@ -9,10 +9,10 @@ the forward differs.  Per forward (16 kernels):
             downsample (blocks 1-3):    conv2d_fused 1x1 on the pooled map the previous
                                         block's se_gate wrote (AvgPool2d(3, 2, 1) fused there);
                                         with graph=True beside conv1/conv2 (a graph branch)
-            conv2  conv2d_fused 3x3:    acc * scale + b2b; on maps smaller than 3x3 (block 3's
+            conv2  conv2d_fused 3x3:    acc * scale; on maps smaller than 3x3 (block 3's
                                         2x2) as a 1x1 conv over the flattened map with a
                                         cached dense weight (4/9 of the implicit GEMM's work)
-            se_gate (one CTA/image):    squeeze, excite MLP, h*g + identity, ReLU,
+            se_gate (one CTA/image):    h + b2b, squeeze, excite MLP, h*g + identity, ReLU,
                                         + the next block's fixup_bias1a, + its avgpool
 
 Small-M convs (late blocks, small batches) split K serially across threadblocks.  On sm90
@@ -222,8 +222,8 @@ class FusedResNet(SEResNet9FixUp):
             if self._conv2_as_dense(blk, h, autocast_dtype):
                 h = self._dense_conv2(i, blk, h, conv, report)
             else:
-                h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, blk.fixup_bias2b.view(()), None,
-                         1, 1, blk.fixup_scale, None, relu=False)
+                h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, None, None, 1, 1, blk.fixup_scale, None,
+                         relu=False)
             if blk.downsample is None:
                 identity, identity_bias = xa, neg_b1a0
             else:
@@ -238,8 +238,11 @@ class FusedResNet(SEResNet9FixUp):
             nxt = blocks[i + 1] if i + 1 < len(blocks) else None
             fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
             pool_next = nxt is not None and nxt.downsample is not None
+            # conv2's FixUp bias b2b is added in se_gate (h + b2b): its gradient, sum(grad_h),
+            # then comes out of se_gate's backward pass instead of a pass of its own.
             result = se_gate(h, identity, fc1.weight, fc1.bias, fc2.weight, fc2.bias, identity_bias,
-                             nxt.fixup_bias1a if nxt is not None else None, avgpool=pool_next)
+                             nxt.fixup_bias1a if nxt is not None else None, avgpool=pool_next,
+                             h_bias=blk.fixup_bias2b.view(()))
             xa, pooled = result if pool_next else (result, None)
         return xa
 
@@ -259,8 +262,7 @@ class FusedResNet(SEResNet9FixUp):
         weight = self._cached(f"layers.{i}.conv2.dense{height}x{width}", blk.conv2.weight,
                               lambda w: dense_conv_weight(w, height, width, padding=1))
         flat = h.permute(0, 2, 3, 1).reshape(n, 1, 1, height * width * c).permute(0, 3, 1, 2)
-        y = conv(f"layers.{i}.conv2", flat, weight, blk.fixup_bias2b.view(()), None, 1, 0,
-                 blk.fixup_scale, None, relu=False)
+        y = conv(f"layers.{i}.conv2", flat, weight, None, None, 1, 0, blk.fixup_scale, None, relu=False)
         k = blk.conv2.weight.shape[0]
         y = y.permute(0, 2, 3, 1).reshape(n, height, width, k).permute(0, 3, 1, 2)
         if report is not None:

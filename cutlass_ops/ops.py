@@ -79,9 +79,11 @@ def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post
 
 def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
             fc1_bias: torch.Tensor, fc2_weight: torch.Tensor, fc2_bias: torch.Tensor,
-            identity_bias: Scalar = None, post_bias: Scalar = None, avgpool: bool = False):
+            identity_bias: Scalar = None, post_bias: Scalar = None, avgpool: bool = False,
+            h_bias: Scalar = None):
     """Squeeze-excitation gate joined with the residual, one kernel per call:
 
+        h      = h + h_bias                                    # if given (a FixUp bias after the conv)
         g      = sigmoid(fc2(relu(fc1(mean_hw(h)))))          # nn.Linear weight layouts
         out    = relu(h * g[:, :, None, None] + identity + identity_bias) + post_bias
         pooled = avg_pool2d(out, 3, 2, 1, count_include_pad=True)   # if avgpool
@@ -93,13 +95,13 @@ def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
     """
     out, pooled = torch.ops.cutlass_ops.se_gate(
         h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, _as_tensor(identity_bias, h),
-        _as_tensor(post_bias, h), bool(avgpool))
+        _as_tensor(post_bias, h), bool(avgpool), _as_tensor(h_bias, h))
     return (out, pooled) if avgpool else out
 
 
 @torch.library.register_fake("cutlass_ops::se_gate")
 def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, identity_bias=None,
-                  post_bias=None, avgpool=False):
+                  post_bias=None, avgpool=False, h_bias=None):
     torch._check(h.dim() == 4, lambda: "se_gate: h must be 4-D")
     torch._check(identity.shape == h.shape, lambda: "se_gate: identity shape differs from h")
     out = torch.empty_like(h, memory_format=torch.channels_last)
@@ -112,8 +114,10 @@ def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ident
 
 def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor], h: torch.Tensor,
                      out: torch.Tensor, fc1_weight: torch.Tensor, fc1_bias: torch.Tensor,
-                     fc2_weight: torch.Tensor, fc2_bias: torch.Tensor, post_bias: Scalar = None):
-    """The whole backward of ``se_gate`` from its saved input ``h`` and output ``out``:
+                     fc2_weight: torch.Tensor, fc2_bias: torch.Tensor, post_bias: Scalar = None,
+                     h_bias: Scalar = None):
+    """The whole backward of ``se_gate`` from its saved input ``h`` and output ``out``
+    (``h_bias`` as the forward had it):
 
         g      = grad_out + the gradient through the fused AvgPool2d(3, 2, 1) of grad_pooled
         dy     = where(out != post_bias rounded, g, 0)          # the ReLU mask, as relu_backward
@@ -121,27 +125,29 @@ def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor]
         grad_identity = dy
 
     Returns ``(grad_h, grad_identity, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight,
-    grad_fc2_bias, grad_identity_bias, grad_post_bias)``: the two maps in h's dtype
+    grad_fc2_bias, grad_identity_bias, grad_post_bias, grad_h_bias)`` (grad_h_bias =
+    sum(grad_h), summed before grad_h is rounded): the two maps in h's dtype
     (channels_last), the rest float32 (float64 for float64 h).  ``grad_pooled`` is None
     without the fused pool.  fp16/bf16 on CUDA with C % 8 == 0 and C <= 2048 run three
     kernels (a pass per image for dy, the squeeze and sum(dy * h); the excite MLP's backward
-    for 1-8 images per CTA; a grad_h pass) plus the batch reductions of the weights'
-    gradients; other cases run the ATen composite.
+    for 1-8 images per CTA; a grad_h pass with its sum) plus the batch reductions of the
+    weights' gradients; other cases run the ATen composite.
     """
     return torch.ops.cutlass_ops.se_gate_backward(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias,
-                                                  fc2_weight, fc2_bias, _as_tensor(post_bias, h))
+                                                  fc2_weight, fc2_bias, _as_tensor(post_bias, h),
+                                                  _as_tensor(h_bias, h))
 
 
 @torch.library.register_fake("cutlass_ops::se_gate_backward")
 def _se_gate_backward_fake(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
-                           post_bias=None):
+                           post_bias=None, h_bias=None):
     torch._check(h.dim() == 4, lambda: "se_gate_backward: h must be 4-D")
     torch._check(grad_out.shape == h.shape and out.shape == h.shape,
                  lambda: "se_gate_backward: grad_out and out must have h's shape")
     acc = torch.float64 if h.dtype == torch.float64 else torch.float32
     maps = [torch.empty_like(h, memory_format=torch.channels_last) for _ in range(2)]
     params = [t.new_empty(t.shape, dtype=acc) for t in (fc1_weight, fc1_bias, fc2_weight, fc2_bias)]
-    return (*maps, *params, h.new_empty((), dtype=acc), h.new_empty((), dtype=acc))
+    return (*maps, *params, *(h.new_empty((), dtype=acc) for _ in range(3)))
 
 
 def relu_backward(grad: torch.Tensor, out: torch.Tensor, post_bias: Scalar = None):

@@ -1,5 +1,6 @@
 #include "se_gate/se_gate_backward_kernel.h"
 
+#include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 #include "common/programmatic_launch.cuh"
 
@@ -56,6 +57,10 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
   // The value an inactive output holds: post_bias rounded as the forward rounded it.
   bool const has_post_bias = a.post_bias != nullptr;
   float const inactive = has_post_bias ? to_float(from_float<T>(*a.post_bias)) : 0.f;
+  float const h_bias = a.h_bias != nullptr ? *a.h_bias : 0.f;
+  // The input kernel's finished-block count, zeroed here: that kernel runs after this one
+  // has completed (each launch waits for its predecessor), and no memset is needed.
+  if (n == 0 && tid == 0) *a.grad_h_counter = 0u;
 
   int const G = C / kVec;
   int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
         float const o = to_float(ov.v[k]);
         bool const active = has_post_bias ? !(o == inactive) : o > 0.f;  // NaN counts as active
         float const dy = active ? g[k] : 0.f;
-        float const hk = to_float(hv.v[k]);
+        float const hk = to_float(hv.v[k]) + h_bias;
         sum_g += g[k];
         sum_dy += dy;
         sum_h[k] += hk;
@@ -294,6 +299,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_input_kernel(SeGate
   long long const chunks = a.N * per_image;
   T const* __restrict__ grad_y = static_cast<T const*>(a.grad_y);
   T* __restrict__ grad_h = static_cast<T*>(a.grad_h);
+  float sum[1] = {0.f};  // of grad_h before rounding: h_bias's gradient
   for (long long i = (long long)blockIdx.x * kThreads + threadIdx.x; i < chunks;
        i += (long long)gridDim.x * kThreads) {
     size_t const nc = size_t(i / per_image) * a.C + (i % G) * kVec;  // (image, channel) of the chunk
@@ -305,9 +311,14 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_input_kernel(SeGate
     HalfChunk<T, kVec> dv;
     dv.load(grad_y + i * kVec);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) dv.v[k] = from_float<T>(to_float(dv.v[k]) * gate[k] + dsq[k]);
+    for (int k = 0; k < kVec; ++k) {
+      float const gh = to_float(dv.v[k]) * gate[k] + dsq[k];
+      sum[0] += gh;
+      dv.v[k] = from_float<T>(gh);
+    }
     dv.store(grad_h + i * kVec);
   }
+  grid_sum<kThreads>(sum, a.grad_h_partials, a.grad_h_counter, a.grad_h_sum);
 }
 
 template <int kImages>
@@ -336,9 +347,7 @@ cudaError_t launch_typed(SeGateBackwardArgs const& a, int images_per_cta, int nu
     default: err = cudaErrorInvalidValue;
   }
   if (err != cudaSuccess) return err;
-  long long const chunks = (long long)a.N * a.H * a.W * (a.C / kVec);
-  long long const blocks = (chunks + kThreads - 1) / kThreads;
-  unsigned const grid = unsigned(blocks < 16LL * num_sms ? blocks : 16LL * num_sms);  // grid-stride beyond
+  unsigned const grid = unsigned(se_gate_backward_input_blocks(a.N, a.H, a.W, a.C, num_sms));
   return launch_kernel<se_gate_backward_input_kernel<T>>(grid, kThreads, 0, stream, a.programmatic_launch, a);
 }
 
@@ -492,6 +501,12 @@ cudaError_t launch_se_gate_param_grads(SeParamGradArgs const& a, int chunks, cud
       a, entries, images_per_chunk);
   se_param_grads_final_kernel<<<(entries + kThreads - 1) / kThreads, kThreads, 0, stream>>>(a, entries, chunks);
   return cudaGetLastError();
+}
+
+int se_gate_backward_input_blocks(int N, int H, int W, int C, int num_sms) {
+  long long const chunks = (long long)N * H * W * (C / kVec);
+  long long const blocks = (chunks + kThreads - 1) / kThreads;
+  return int(blocks < 1 ? 1 : (blocks < 16LL * num_sms ? blocks : 16LL * num_sms));  // grid-stride beyond
 }
 
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta) {

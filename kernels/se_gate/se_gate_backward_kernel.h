@@ -6,7 +6,7 @@
 //   2. excite, one CTA per 1-8 images (the excite weights read once per group):
 //        the gate recomputed from the squeeze; d_pre2 = d_gate * gate * (1 - gate),
 //        d_pre1 = (d_pre2 W2) * (pre1 > 0), d_squeeze = d_pre1 W1
-//   3. input gradient (streaming): grad_h = dy * gate + d_squeeze / (H*W)
+//   3. input gradient (streaming): grad_h = dy * gate + d_squeeze / (H*W), and sum(grad_h)
 // The ReLU mask comes from the saved output: an inactive element holds exactly post_bias
 // rounded to the output dtype (as relu_backward).  The per-image vectors stay in global
 // memory; launch_se_gate_param_grads then reduces them over the batch into the excite
@@ -33,6 +33,7 @@ struct SeGateBackwardArgs {
   float const* w1; float const* b1;  // (R, C), (R); W1 and W2 16-byte aligned
   float const* w2; float const* b2;  // (C, R), (C)
   float const* post_bias;            // device scalar or null
+  float const* h_bias;               // device scalar or null (se_gate's h_bias)
   void* grad_y;                      // [N, H, W, C]: dy, which is also identity's gradient
   void* grad_h;                      // [N, H, W, C]
   // float32 per-image vectors, 16-byte aligned: written by one kernel, read by the next or
@@ -45,6 +46,10 @@ struct SeGateBackwardArgs {
   float* d_pre1;                     // [N, R]
   float* d_pre2;                     // [N, C]
   float* sums;                       // [N, 2]: per image sum(g), sum(dy)
+  // sum(grad_h) (h_bias's gradient), added over the input kernel's blocks by its last one:
+  float* grad_h_partials;            // [se_gate_backward_input_blocks(...)]
+  unsigned* grad_h_counter;          // one word of scratch (the reduce kernel zeroes it)
+  float* grad_h_sum;                 // [1]
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
@@ -54,6 +59,9 @@ bool se_gate_backward_supported(int C, int R, size_t max_smem_bytes);
 
 // Shared memory the excite kernel needs (bytes).
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta);
+
+// Blocks of the input-gradient kernel (the grad_h_partials entries to allocate).
+int se_gate_backward_input_blocks(int N, int H, int W, int C, int num_sms);
 
 // Images per excite CTA (1, 2, 4 or 8): as many as still leave a CTA for every SM and fit.
 int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes);

@@ -27,8 +27,8 @@ at::Tensor as_float(at::Tensor const& t) {
 std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
     at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
     at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
-    c10::optional<at::Tensor> const& post_bias, bool avgpool) {
-  check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias);
+    c10::optional<at::Tensor> const& post_bias, bool avgpool, c10::optional<at::Tensor> const& h_bias) {
+  check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias, h_bias);
   auto dtype = h.scalar_type();
   int64_t C = h.size(1), R = w1.size(0);
   at::Tensor hc = h.contiguous(at::MemoryFormat::ChannelsLast);
@@ -36,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
                      aligned16(hc) && aligned16(ic) && h.numel() < INT32_MAX;
   if (!kernel_fits) {
-    return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool);
+    return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool, h_bias);
   }
   c10::cuda::CUDAGuard guard(h.device());
   auto cl = h.options().memory_format(at::MemoryFormat::ChannelsLast);
@@ -46,6 +46,7 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
   at::Tensor idb = identity_bias ? as_float(*identity_bias) : at::Tensor();
   at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
+  at::Tensor hb = h_bias ? as_float(*h_bias) : at::Tensor();
 
   SeGateArgs a{};
   a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
@@ -56,6 +57,7 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
   a.identity_bias = idb.defined() ? idb.data_ptr<float>() : nullptr;
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  a.h_bias = hb.defined() ? hb.data_ptr<float>() : nullptr;
   int dev = h.device().index();
   SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
                                     device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -69,13 +71,16 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
 SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
                                   at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
                                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                                  c10::optional<at::Tensor> const& post_bias) {
-  check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
+                                  c10::optional<at::Tensor> const& post_bias,
+                                  c10::optional<at::Tensor> const& h_bias) {
+  check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias, h_bias);
   auto dtype = h.scalar_type();
   int64_t const C = h.size(1), R = w1.size(0);
   int const dev = h.device().index();
   size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  auto fallback = [&] { return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias); };
+  auto fallback = [&] {
+    return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias, h_bias);
+  };
   if ((dtype != at::kHalf && dtype != at::kBFloat16) || !se_gate_backward_supported(C, R, max_smem) ||
       h.numel() == 0 || h.numel() >= INT32_MAX) {
     return fallback();  // decided before the layout copies below, which it does not need
@@ -96,6 +101,10 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   at::Tensor d_gate = at::empty({N, C}, f32), gate = at::empty({N, C}, f32), d_squeeze = at::empty({N, C}, f32);
   at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
   at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
+  at::Tensor hb = h_bias ? as_float(*h_bias) : at::Tensor();
+  // sum(grad_h): the input kernel's per-block sums, then the finished-block count.
+  int const input_blocks = se_gate_backward_input_blocks(N, h.size(2), h.size(3), C, num_sms);
+  at::Tensor grad_h_scratch = at::empty({input_blocks + 1}, f32), grad_h_bias = at::empty({}, f32);
 
   SeGateBackwardArgs a{};
   a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
@@ -106,6 +115,10 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   a.w1 = w1f.data_ptr<float>(); a.b1 = b1f.data_ptr<float>();
   a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
+  a.h_bias = hb.defined() ? hb.data_ptr<float>() : nullptr;
+  a.grad_h_partials = grad_h_scratch.data_ptr<float>();
+  a.grad_h_counter = reinterpret_cast<unsigned*>(grad_h_scratch.data_ptr<float>() + input_blocks);
+  a.grad_h_sum = grad_h_bias.data_ptr<float>();
   a.grad_y = grad_identity.data_ptr(); a.grad_h = grad_h.data_ptr();
   a.squeeze = squeeze.data_ptr<float>(); a.hidden = hidden.data_ptr<float>();
   a.d_pre1 = d_pre1.data_ptr<float>(); a.d_pre2 = d_pre2.data_ptr<float>(); a.sums = sums.data_ptr<float>();
@@ -126,7 +139,7 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
                     grad_post_bias.data_ptr<float>()};
   err = launch_se_gate_param_grads(p, chunks, c10::cuda::getCurrentCUDAStream(dev).stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
-  return {grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post_bias};
+  return {grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post_bias, grad_h_bias};
 }
 
 }  // namespace se_gate

@@ -111,6 +111,8 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
     for (int i = tid; i < CR; i += kThreads) w2t[(i % a.R) * (a.C + 1) + i / a.R] = a.w2[i];
   }
 
+  float const h_bias = a.h_bias ? *a.h_bias : 0.f;
+
   // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
   // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
   // strides over an image's pixels; the per-thread partials are then summed in a fixed order.
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
     for (int c = tid; c < a.C; c += kThreads) {
       float s = 0.f;
       for (int r = 0; r < rows_per_pass; ++r) s += partial[(r * G + c / kVec) * kVec + c % kVec];
-      gate[img * a.C + c] = s;
+      gate[img * a.C + c] = s + h_bias * HW;  // the sum of h + h_bias
     }
     __syncthreads();
   }
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
     float const gv[kVec] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float v = hv[j] * gv[j] + iv[j] + idn_bias;
+      float v = (hv[j] + h_bias) * gv[j] + iv[j] + idn_bias;
       o[j] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
     }
     store8(out + size_t(i) * kVec, o);

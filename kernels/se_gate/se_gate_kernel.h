@@ -1,5 +1,6 @@
 // Squeeze-excitation gate with the residual join, one CTA per image or per small group of
 // consecutive images (se_gate_images_per_cta):
+//   h  += h_bias                                 (optional scalar: a FixUp bias after the conv)
 //   s   = mean_hw(h[n])                          (squeeze)
 //   g   = sigmoid(W2 relu(W1 s + b1) + b2)       (excite: the two Linear layers)
 //   out = relu(h * g + identity + identity_bias) + post_bias
@@ -28,6 +29,7 @@ struct SeGateArgs {
   float const* w2; float const* b2;  // (C, R), (C); W2 16-byte aligned
   float const* identity_bias;        // device scalar or null
   float const* post_bias;            // device scalar or null
+  float const* h_bias;               // device scalar or null: added to h first
   bool stage_w2;                     // W2 transposed into shared memory (SeGateShape)
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };

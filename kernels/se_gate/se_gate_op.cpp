@@ -12,7 +12,8 @@ namespace se_gate {
 void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
                   c10::optional<at::Tensor> const& identity_bias,
-                  c10::optional<at::Tensor> const& post_bias) {
+                  c10::optional<at::Tensor> const& post_bias,
+                  c10::optional<at::Tensor> const& h_bias) {
   TORCH_CHECK_VALUE(h.dim() == 4, "se_gate: h must be 4-D (N, C, H, W), got ", h.dim(), "-D");
   TORCH_CHECK_VALUE(at::isFloatingType(h.scalar_type()), "se_gate: h must be floating, got ",
                     h.scalar_type());
@@ -37,10 +38,10 @@ void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor co
   for (auto const* t : {&w1, &b1, &w2, &b2}) {
     TORCH_CHECK_VALUE(at::isFloatingType(t->scalar_type()), "se_gate: excite weights must be floating");
   }
-  for (auto const* s : {&identity_bias, &post_bias}) {
+  for (auto const* s : {&identity_bias, &post_bias, &h_bias}) {
     if (*s) {
       TORCH_CHECK_VALUE((*s)->numel() == 1 && (*s)->dim() <= 1,
-                        "se_gate: identity_bias/post_bias must be scalar tensors, got ", (*s)->sizes());
+                        "se_gate: identity_bias/post_bias/h_bias must be scalar tensors, got ", (*s)->sizes());
       TORCH_CHECK_VALUE((*s)->device() == h.device(), "se_gate: scalar on ", (*s)->device(),
                         " but h on ", h.device());
     }
@@ -50,10 +51,11 @@ void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor co
 std::tuple<at::Tensor, at::Tensor> se_gate_aten(
     at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
     at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
-    c10::optional<at::Tensor> const& post_bias, bool avgpool) {
-  check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias);
+    c10::optional<at::Tensor> const& post_bias, bool avgpool, c10::optional<at::Tensor> const& h_bias) {
+  check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias, h_bias);
   auto compute = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto hf = h.to(compute);
+  if (h_bias) hf = hf + h_bias->to(compute).reshape({});
   auto squeeze = hf.mean({2, 3});
   auto hidden = at::relu(at::linear(squeeze, w1.to(compute), b1.to(compute)));
   auto gate = at::sigmoid(at::linear(hidden, w2.to(compute), b2.to(compute)));
@@ -76,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor> se_gate_aten(
 void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
                            at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
                            at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                           c10::optional<at::Tensor> const& post_bias) {
+                           c10::optional<at::Tensor> const& post_bias, c10::optional<at::Tensor> const& h_bias) {
   for (auto const* t : {&grad_out, &out}) {
     TORCH_CHECK_VALUE(t->sizes() == h.sizes(), "se_gate_backward: grad_out and out must have h's shape ",
                       h.sizes(), ", got ", t->sizes());
@@ -85,7 +87,7 @@ void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor>
     TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate_backward: grad_out and out must be on ", h.device(),
                       ", got one on ", t->device());
   }
-  check_inputs(h, out, w1, b1, w2, b2, c10::nullopt, post_bias);  // out stands where identity did
+  check_inputs(h, out, w1, b1, w2, b2, c10::nullopt, post_bias, h_bias);  // out stands where identity did
   if (grad_pooled) {
     auto want = pooled_shape(h);
     TORCH_CHECK_VALUE(grad_pooled->sizes() == at::IntArrayRef(want), "se_gate_backward: grad_pooled must be ",
@@ -100,8 +102,9 @@ void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor>
 SeGateGrads se_gate_backward_aten(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
                                   at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
                                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                                  c10::optional<at::Tensor> const& post_bias) {
-  check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias);
+                                  c10::optional<at::Tensor> const& post_bias,
+                                  c10::optional<at::Tensor> const& h_bias) {
+  check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias, h_bias);
   auto compute = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto g = grad_out.to(compute);
   if (grad_pooled) {
@@ -116,6 +119,7 @@ SeGateGrads se_gate_backward_aten(at::Tensor const& grad_out, c10::optional<at::
   auto dy = at::where(active, g, at::zeros({}, g.options()));
   // The gate recomputed from the squeeze, and the excite MLP's backward.
   auto hf = h.to(compute);
+  if (h_bias) hf = hf + h_bias->to(compute).reshape({});
   auto squeeze = hf.mean({2, 3});
   auto w1c = w1.to(compute), w2c = w2.to(compute);
   auto pre1 = at::linear(squeeze, w1c, b1.to(compute));
@@ -125,12 +129,13 @@ SeGateGrads se_gate_backward_aten(at::Tensor const& grad_out, c10::optional<at::
   auto d_pre1 = at::mm(d_pre2, w2c) * pre1.gt(0);
   auto d_squeeze = at::mm(d_pre1, w1c) / double(h.size(2) * h.size(3));
   auto cl = h.options().memory_format(at::MemoryFormat::ChannelsLast);
+  auto grad_h_exact = dy * gate.unsqueeze(-1).unsqueeze(-1) + d_squeeze.unsqueeze(-1).unsqueeze(-1);
   auto grad_h = at::empty(h.sizes(), cl);
-  grad_h.copy_(dy * gate.unsqueeze(-1).unsqueeze(-1) + d_squeeze.unsqueeze(-1).unsqueeze(-1));
+  grad_h.copy_(grad_h_exact);
   auto grad_identity = at::empty(h.sizes(), cl);
   grad_identity.copy_(dy);
   return {grad_h, grad_identity, at::mm(d_pre1.t(), squeeze), d_pre1.sum(0), at::mm(d_pre2.t(), hidden),
-          d_pre2.sum(0), dy.sum(), g.sum()};
+          d_pre2.sum(0), dy.sum(), g.sum(), grad_h_exact.sum()};
 }
 
 }  // namespace se_gate
@@ -139,13 +144,13 @@ SeGateGrads se_gate_backward_aten(at::Tensor const& grad_out, c10::optional<at::
 TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def(
       "se_gate(Tensor h, Tensor identity, Tensor fc1_weight, Tensor fc1_bias, Tensor fc2_weight, "
-      "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None, bool avgpool=False) "
-      "-> (Tensor, Tensor)");
+      "Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None, bool avgpool=False, "
+      "Tensor? h_bias=None) -> (Tensor, Tensor)");
   m.def(
       "se_gate_backward(Tensor grad_out, Tensor? grad_pooled, Tensor h, Tensor out, Tensor fc1_weight, "
-      "Tensor fc1_bias, Tensor fc2_weight, Tensor fc2_bias, Tensor? post_bias=None) -> (Tensor grad_h, "
-      "Tensor grad_identity, Tensor grad_fc1_weight, Tensor grad_fc1_bias, Tensor grad_fc2_weight, "
-      "Tensor grad_fc2_bias, Tensor grad_identity_bias, Tensor grad_post_bias)");
+      "Tensor fc1_bias, Tensor fc2_weight, Tensor fc2_bias, Tensor? post_bias=None, Tensor? h_bias=None) -> "
+      "(Tensor grad_h, Tensor grad_identity, Tensor grad_fc1_weight, Tensor grad_fc1_bias, Tensor grad_fc2_weight, "
+      "Tensor grad_fc2_bias, Tensor grad_identity_bias, Tensor grad_post_bias, Tensor grad_h_bias)");
 }
 
 TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {

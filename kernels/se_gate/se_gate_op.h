@@ -13,7 +13,8 @@ namespace se_gate {
 void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1,
                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
                   c10::optional<at::Tensor> const& identity_bias,
-                  c10::optional<at::Tensor> const& post_bias);
+                  c10::optional<at::Tensor> const& post_bias,
+                  c10::optional<at::Tensor> const& h_bias = c10::nullopt);
 
 // Shape of the pooled output: AvgPool2d(3, 2, 1) of (N, C, H, W).
 inline std::vector<int64_t> pooled_shape(at::Tensor const& h) {
@@ -24,23 +25,24 @@ inline std::vector<int64_t> pooled_shape(at::Tensor const& h) {
 std::tuple<at::Tensor, at::Tensor> se_gate_aten(
     at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
     at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
-    c10::optional<at::Tensor> const& post_bias, bool avgpool);
+    c10::optional<at::Tensor> const& post_bias, bool avgpool, c10::optional<at::Tensor> const& h_bias);
 
 // se_gate_backward: the gradients of se_gate(h, identity, fc1/fc2, identity_bias,
-// post_bias[, avgpool]) from grad_out (and grad_pooled when avgpool) and the saved h and
-// output: grad_h, grad_identity (in h's dtype, channels_last), the excite weights' and the
-// two scalars' gradients (float32; float64 for float64 h).  The ReLU mask comes from the
+// post_bias[, avgpool][, h_bias]) from grad_out (and grad_pooled when avgpool) and the saved h
+// and output: grad_h, grad_identity (in h's dtype, channels_last), the excite weights' and the
+// three scalars' gradients (float32; float64 for float64 h).  The ReLU mask comes from the
 // saved output, as relu_backward's.
 using SeGateGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                               at::Tensor, at::Tensor>;
+                               at::Tensor, at::Tensor, at::Tensor>;
 void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
                            at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
                            at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                           c10::optional<at::Tensor> const& post_bias);
+                           c10::optional<at::Tensor> const& post_bias, c10::optional<at::Tensor> const& h_bias);
 SeGateGrads se_gate_backward_aten(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
                                   at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
                                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                                  c10::optional<at::Tensor> const& post_bias);
+                                  c10::optional<at::Tensor> const& post_bias,
+                                  c10::optional<at::Tensor> const& h_bias);
 
 }  // namespace se_gate
 }  // namespace cutlass_ops

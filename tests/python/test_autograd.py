@@ -31,10 +31,11 @@ def test_conv2d_fused_gradcheck(bias_kind, relu, residual):
 def test_se_gate_gradcheck(avgpool):
     g = torch.Generator().manual_seed(1)
     h, idn = _leaf(2, 8, 5, 4, g=g), _leaf(2, 8, 5, 4, g=g)
-    args = (h, idn, _leaf(2, 8, g=g), _leaf(2, g=g), _leaf(8, 2, g=g), _leaf(8, g=g), _leaf(g=g), _leaf(g=g))
+    args = (h, idn, _leaf(2, 8, g=g), _leaf(2, g=g), _leaf(8, 2, g=g), _leaf(8, g=g), _leaf(g=g), _leaf(g=g),
+            _leaf(g=g))
 
     def fn(*a):
-        out = cutlass_ops.se_gate(*a, avgpool=avgpool)
+        out = cutlass_ops.se_gate(*a[:8], avgpool=avgpool, h_bias=a[8])
         return out if not avgpool else out[0].sum() + 3 * out[1].sum()
     assert torch.autograd.gradcheck(fn, args)
 

@@ -15,7 +15,8 @@ def make(n, c, h, w, dtype, device, g, r=16):
     t = dict(h=rnd(n, c, h, w).to(dtype), identity=rnd(n, c, h, w).to(dtype),
              w1=rnd(hidden, c, std=c ** -0.5).float(), b1=rnd(hidden).float(),
              w2=rnd(c, hidden, std=hidden ** -0.5).float(), b2=rnd(c).float(),
-             idb=torch.tensor(0.3 * rnd(()).item()), pb=torch.tensor(0.3 * rnd(()).item()))
+             idb=torch.tensor(0.3 * rnd(()).item()), pb=torch.tensor(0.3 * rnd(()).item()),
+             hb=torch.tensor(0.3 * rnd(()).item()))
     out = {}
     for k, v in t.items():
         v = v.to(device)
@@ -23,17 +24,18 @@ def make(n, c, h, w, dtype, device, g, r=16):
     return out
 
 
-def reference(t, avgpool):
+def reference(t, avgpool, h_bias=True):
     d = {k: v.double().cpu() for k, v in t.items()}
-    gate = torch.sigmoid(F.linear(torch.relu(F.linear(d["h"].mean((2, 3)), d["w1"], d["b1"])), d["w2"], d["b2"]))
-    out = torch.relu(d["h"] * gate[:, :, None, None] + d["identity"] + d["idb"]) + d["pb"]
+    h = d["h"] + d["hb"] if h_bias else d["h"]
+    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), d["w1"], d["b1"])), d["w2"], d["b2"]))
+    out = torch.relu(h * gate[:, :, None, None] + d["identity"] + d["idb"]) + d["pb"]
     pooled = F.avg_pool2d(out, 3, 2, 1, count_include_pad=True) if avgpool else None
     return out, pooled
 
 
-def run(t, avgpool):
+def run(t, avgpool, h_bias=True):
     return cutlass_ops.se_gate(t["h"], t["identity"], t["w1"], t["b1"], t["w2"], t["b2"],
-                               t["idb"], t["pb"], avgpool=avgpool)
+                               t["idb"], t["pb"], avgpool=avgpool, h_bias=t["hb"] if h_bias else None)
 
 
 # (n, c, h, w): the four SE-ResNet9 blocks, odd sizes, C not a power of two, C % 8 != 0.
@@ -48,13 +50,14 @@ SHAPES = [(4, 64, 16, 16), (3, 128, 8, 8), (5, 256, 4, 4), (7, 512, 2, 2), (2, 2
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n{}c{}_{}x{}".format(*s))
 @pytest.mark.parametrize("avgpool", [False, True])
-def test_se_gate_numerics(device, dtype, shape, avgpool, rng):
+@pytest.mark.parametrize("h_bias", [True, False])
+def test_se_gate_numerics(device, dtype, shape, avgpool, h_bias, rng):
     t = make(*shape, dtype, device, rng, r=16 if shape[1] >= 64 else 4)
     if device == "cuda":
         torch.full((4 * t["h"].numel(),), float("nan"), dtype=dtype, device=device)  # poison
-    got = run(t, avgpool)
+    got = run(t, avgpool, h_bias)
     out, pooled = got if avgpool else (got, None)
-    ref_out, _ = reference(t, False)
+    ref_out, _ = reference(t, False, h_bias)
     rel_tol, max_tol = TOLERANCE[dtype]
     rel, mx = errors(out, ref_out)
     assert rel <= rel_tol and mx <= max_tol, f"out: rel {rel:.2e} max {mx:.2e}"
@@ -92,7 +95,8 @@ def test_se_gate_bad_input(device, rng):
 def test_se_gate_opcheck(device, avgpool, rng):
     t = make(2, 64, 4, 4, torch.float16, device, rng)
     torch.library.opcheck(torch.ops.cutlass_ops.se_gate.default,
-                          (t["h"], t["identity"], t["w1"], t["b1"], t["w2"], t["b2"], t["idb"], t["pb"], avgpool))
+                          (t["h"], t["identity"], t["w1"], t["b1"], t["w2"], t["b2"], t["idb"], t["pb"], avgpool,
+                           t["hb"]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
