@@ -11,7 +11,8 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     FixUp biases; none at post_bias 0).  One relu_backward kernel per ReLU masks the
     gradient and sums it before and after the mask (the FixUp biases' gradients).
   - se_gate: its whole backward (the fused AvgPool2d's gradient, the ReLU mask, the
-    squeeze and gate recomputed, the excite MLP's backward, grad_h and grad_identity) in
+    squeeze and gate recomputed, the excite MLP's backward, grad_h and grad_identity, and
+    sum(grad_h) for h_bias: FusedResNet's conv2 bias b2b, added in se_gate) in
     the se_gate_backward op: three kernels (a pass per image, the MLP's backward for 1-8
     images per CTA, a grad_h pass) and the batch sums of the excite weights' gradients.
   - The conv's dgrad: conv2d_dgrad, the FixUp scale applied in the CUTLASS kernel's
