@@ -17,12 +17,12 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     images per CTA, a grad_h pass) and the batch sums of the excite weights' gradients.
   - The conv's dgrad: conv2d_dgrad, the FixUp scale applied in the CUTLASS kernel's
     epilogue (alpha read on the device) or folded into the weight for cuDNN.
-  - While a CUDA graph is captured, each conv's wgrad (and, without a ReLU, its bias sums)
-    runs on a side stream beside its dgrad, joined before the node returns.
   - The conv's wgrad: conv2d_wgrad, which also returns the FixUp scale's gradient
     sum(g * conv(x, w)) = <w, wgrad(g, x)> (the conv is not recomputed): on CUDA one
     kernel after the wgrad sums its split-K slices, scales and takes that dot product.
     Which kernel each conv ran: cutlass_ops.ops.conv2d_backward_last_kernel().
+  - While a CUDA graph is captured, each conv's wgrad (and, without a ReLU, its bias sums)
+    runs on a side stream beside its dgrad, joined before the node returns.
   - space_to_depth_conv (the stem), when its input needs no gradient:
     space_to_depth_conv_weight_grad, one pass for the ReLU mask, the FixUp sums and dw
     (the patch matrix rebuilt from the saved input, as the forward built it).

@@ -3,8 +3,10 @@
 //   block_sum: a block's sum of each thread's values (warp shuffles, then warp 0).
 //   grid_sum:  each block stores its block sum in `partials`; the last block to arrive (an
 //              integer atomic on `counter`) adds the partials in block order and writes
-//              `result`.  The caller zeroes `counter` before the launch (cudaMemsetAsync:
-//              a memset node in a CUDA graph, cheaper than the reduce kernel it replaces).
+//              `result`.  `counter` must be zero at launch: a cudaMemsetAsync before it (a
+//              memset node in a CUDA graph, cheaper than the reduce kernel it replaces) or an
+//              earlier kernel of the same stream.  The last block's reads of the partials are
+//              the tail of the kernel: a grid of B blocks adds about B / kThreads round trips.
 // Shared by the elementwise kernels whose FixUp scalar gradients are whole-tensor sums.
 #pragma once
 
