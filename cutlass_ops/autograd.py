@@ -111,6 +111,7 @@ def _conv_backward(ctx, grad):
         torch.cuda.is_current_stream_capturing() else None
     main = torch.cuda.current_stream(grad.device) if side is not None else None
     on_side = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+    sums_on_side = side is not None and not ctx.relu  # no mask to apply first: they can wait
 
     def sums_and_bias(g, sum_grad, sum_g):
         grad_post = _grad_as(sum_grad, post_meta) if needs[5] else None
@@ -120,7 +121,7 @@ def _conv_backward(ctx, grad):
         return grad_post, grad_bias
 
     g = grad
-    if ctx.relu or side is None:
+    if not sums_on_side:
         g, sum_grad, sum_g = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc, want_sums)
         grad_post, grad_bias = sums_and_bias(g, sum_grad, sum_g)
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
@@ -129,7 +130,7 @@ def _conv_backward(ctx, grad):
     if side is not None:
         side.wait_stream(main)
     with on_side:
-        if not ctx.relu and side is not None:
+        if sums_on_side:
             _, sum_grad, sum_g = _epilogue_backward(grad, None, post_bias, acc, want_sums)
             grad_post, grad_bias = sums_and_bias(grad, sum_grad, sum_g)
         if want_w:

@@ -17,6 +17,11 @@
 namespace cutlass_ops {
 namespace space_to_depth_conv {
 
+namespace {
+// The kernels load the weight, the gradient and the saved output 16 bytes at a time.
+bool aligned16(at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
+}  // namespace
+
 at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& weight,
                                     c10::optional<at::Tensor> const& post_bias, bool relu) {
   auto shape = check_inputs(input, weight, post_bias);
@@ -36,7 +41,7 @@ at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& w
   if (out.numel() == 0) return out;
   at::Tensor w = weight.contiguous();  // (K, 16C, 1, 1): the same bytes in either format
   // The kernel loads the weight 16 bytes at a time (a sliced weight may start unaligned).
-  if (reinterpret_cast<std::uintptr_t>(w.data_ptr()) % 16 != 0) w = w.clone();
+  if (!aligned16(w)) w = w.clone();
   at::Tensor pb = post_bias ? post_bias->to(at::kFloat).contiguous() : at::Tensor();
 
   SpaceToDepthConvArgs a{};
@@ -71,8 +76,7 @@ std::tuple<at::Tensor, at::Tensor> space_to_depth_conv_weight_grad_cuda(
   }
   auto const cl = at::MemoryFormat::ChannelsLast;
   at::Tensor g = grad.contiguous(cl), o = out ? out->contiguous(cl) : at::Tensor();
-  auto aligned = [](at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; };
-  if (!aligned(g) || (o.defined() && !aligned(o))) return fallback();
+  if (!aligned16(g) || (o.defined() && !aligned16(o))) return fallback();
   c10::cuda::CUDAGuard guard(input.device());
   auto f32 = input.options().dtype(at::kFloat);
   int const blocks = weight_grad_blocks(N, H, W, multiprocessor_count(dev));
