@@ -11,7 +11,8 @@ the forward differs.  Per forward (16 kernels):
                                         with graph=True beside conv1/conv2 (a graph branch)
             conv2  conv2d_fused 3x3:    acc * scale; on maps smaller than 3x3 (block 3's
                                         2x2) as a 1x1 conv over the flattened map with a
-                                        cached dense weight (4/9 of the implicit GEMM's work)
+                                        dense weight (4/9 of the implicit GEMM's work; in
+                                        training too: small_map_conv.py)
             se_gate (one CTA/image):    h + b2b, squeeze, excite MLP, h*g + identity, ReLU,
                                         + the next block's fixup_bias1a, + its avgpool
 
@@ -29,35 +30,8 @@ import torch
 from torch import nn
 
 from .models import SEFixupBasicBlock, SEResNet9FixUp
-from .ops import conv2d_fused, se_gate, space_to_depth_conv
-
-
-def conv2_runs_dense(height: int, width: int, kernel_h: int = 3, kernel_w: int = 3) -> bool:
-    """Whether FusedResNet runs a stride-1 conv2 on an H x W map as a dense layer (inference):
-    on maps smaller than the kernel footprint most of the implicit GEMM multiplies padding
-    zeros (at 2x2 with 3x3, 5 of every 9 taps); the dense GEMM does H*W/(R*S) of that work."""
-    return height * width < kernel_h * kernel_w
-
-
-def dense_conv_weight(weight: torch.Tensor, height: int, width: int, padding: int) -> torch.Tensor:
-    """The stride-1 conv of ``weight`` (K, C, R, S) on an H x W map as a dense matrix.
-
-    Returns (P*Q*K, H*W*C, 1, 1) channels_last with entry [(p, q, k), (y, x, c)] =
-    weight[k, c, y - p + padding, x - q + padding] (zero outside the kernel), so that a 1x1
-    conv of the map flattened to (N, H*W*C, 1, 1) gives the conv's output flattened the
-    same way.  Worth it only for maps smaller than the kernel footprint (H*W < R*S).
-    """
-    k, c, r, s = weight.shape
-    p, q = height + 2 * padding - r + 1, width + 2 * padding - s + 1
-    dense = weight.new_zeros(p, q, k, height, width, c)
-    for op in range(p):
-        for oq in range(q):
-            for y in range(height):
-                for x in range(width):
-                    tr, ts = y - op + padding, x - oq + padding
-                    if 0 <= tr < r and 0 <= ts < s:
-                        dense[op, oq, :, y, x, :] = weight[:, :, tr, ts]
-    return dense.reshape(p * q * k, height * width * c, 1, 1).contiguous(memory_format=torch.channels_last)
+from .ops import conv2d_fused, conv2d_fused_last_kernel, se_gate, space_to_depth_conv
+from .small_map_conv import dense_conv_weight, runs_dense, small_map_conv
 
 
 class FusedResNet(SEResNet9FixUp):
@@ -219,8 +193,8 @@ class FusedResNet(SEResNet9FixUp):
             stride = blk.conv1.stride[0]
             h = conv(f"layers.{i}.conv1", xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None,
                      stride, 1, None, blk.fixup_bias2a, relu=True)
-            if self._conv2_as_dense(blk, h, autocast_dtype):
-                h = self._dense_conv2(i, blk, h, conv, report)
+            if runs_dense(h.shape[2], h.shape[3], *blk.conv2.kernel_size):
+                h = self._dense_conv2(i, blk, h, cast, report)
             else:
                 h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, None, None, 1, 1, blk.fixup_scale, None,
                          relu=False)
@@ -246,28 +220,19 @@ class FusedResNet(SEResNet9FixUp):
             xa, pooled = result if pool_next else (result, None)
         return xa
 
-    @staticmethod
-    def _conv2_as_dense(blk: SEFixupBasicBlock, h: torch.Tensor, autocast_dtype) -> bool:
-        """conv2_runs_dense, for inference only: the dense weight is derived from
-        conv2.weight and cached, which training's gradient would bypass."""
-        w = blk.conv2.weight
-        needs_grad = torch.is_grad_enabled() and (w.requires_grad or h.requires_grad)
-        return (not needs_grad and autocast_dtype is None
-                and conv2_runs_dense(h.shape[2], h.shape[3], w.shape[2], w.shape[3]))
-
-    def _dense_conv2(self, i: int, blk: SEFixupBasicBlock, h: torch.Tensor, conv, report) -> torch.Tensor:
-        # (N, C, H, W) channels_last is (N, H*W*C) row-major: a 1x1 conv over one "pixel"
-        # of H*W*C channels, whose output channel (p, q, k) is (N, K, P, Q) channels_last.
-        n, c, height, width = h.shape
-        weight = self._cached(f"layers.{i}.conv2.dense{height}x{width}", blk.conv2.weight,
-                              lambda w: dense_conv_weight(w, height, width, padding=1))
-        flat = h.permute(0, 2, 3, 1).reshape(n, 1, 1, height * width * c).permute(0, 3, 1, 2)
-        y = conv(f"layers.{i}.conv2", flat, weight, None, None, 1, 0, blk.fixup_scale, None, relu=False)
-        k = blk.conv2.weight.shape[0]
-        y = y.permute(0, 2, 3, 1).reshape(n, height, width, k).permute(0, 3, 1, 2)
+    def _dense_conv2(self, i: int, blk: SEFixupBasicBlock, h: torch.Tensor, cast, report) -> torch.Tensor:
+        """conv2 on a map smaller than its kernel footprint, as a dense layer (small_map_conv).
+        Inference caches the dense weight; training (and autocast) rebuild it per call."""
+        weight, height, width = cast(blk.conv2.weight), h.shape[2], h.shape[3]
+        dense = None
+        if weight is blk.conv2.weight and not (torch.is_grad_enabled() and weight.requires_grad):
+            dense = self._cached(f"layers.{i}.conv2.dense{height}x{width}", weight,
+                                 lambda w: dense_conv_weight(w, height, width, padding=1))
+        y = small_map_conv(h, weight, blk.fixup_scale, 1, dense)
         if report is not None:
-            name, _, kernel = report[-1]
-            report[-1] = (name, tuple(y.shape), f"{kernel} (as dense 1x1 conv, {flat.shape[1]}->{weight.shape[0]})")
+            hwc = height * width * h.shape[1]
+            report.append((f"layers.{i}.conv2", tuple(y.shape),
+                           f"{conv2d_fused_last_kernel()} (as dense 1x1 conv, {hwc}->{hwc // h.shape[1] * weight.shape[0]})"))
         return y
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:

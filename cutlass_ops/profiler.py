@@ -43,9 +43,10 @@ def resnet_problems(batch_sizes, in_channels: int = 3, training: bool = False) -
     from the reference module's (the stem is a 1x1 conv on the space-to-depth input, the
     downsample a 1x1 conv on the pooled map, block 3's conv2 a dense layer), so they are
     listed here, not hooked.  training=True: the convs whose dgrad/wgrad training runs
-    (conv1, conv2 and downsample; the stem's backward is two GEMMs, conv2 is never dense)."""
-    from .fused_resnet import conv2_runs_dense
+    (conv1, conv2 and downsample; block 3's dense conv2 for its dgrad, its 3x3 conv for
+    its wgrad, small_map_conv.py; the stem's backward is its own kernel)."""
     from .models import SEResNet9FixUp
+    from .small_map_conv import runs_dense
     model = SEResNet9FixUp(in_channels)
     problems = []
     for n in batch_sizes:
@@ -58,7 +59,7 @@ def resnet_problems(batch_sizes, in_channels: int = 3, training: bool = False) -
             out = hw // st
             problems.append(dict(n=n, h=hw, w=hw, c=c, k=k, r=3, s=3, pad=1, stride=st))
             problems.append(dict(n=n, h=out, w=out, c=k, k=k, r=3, s=3, pad=1, stride=1))
-            if conv2_runs_dense(out, out) and not training:  # inference: a 1x1 conv on one "pixel"
+            if runs_dense(out, out):  # a 1x1 conv on one "pixel" of out*out*k channels
                 problems.append(dict(n=n, h=1, w=1, c=out * out * k, k=out * out * k, r=1, s=1,
                                      pad=0, stride=1))
             if blk.downsample is not None:  # 1x1 on the pooled input

@@ -1,18 +1,26 @@
 // Sums over a whole grid without a second kernel, deterministically (no floating-point
 // atomics: the same inputs give the same bits, whichever block finishes last).
+//   warp_sum:  a warp's sum in every lane (butterfly shuffles).
 //   block_sum: a block's sum of each thread's values (warp shuffles, then warp 0).
 //   grid_sum:  each block stores its block sum in `partials`; the last block to arrive (an
 //              integer atomic on `counter`) adds the partials in block order and writes
 //              `result`.  `counter` must be zero at launch: a cudaMemsetAsync before it (a
 //              memset node in a CUDA graph, cheaper than the reduce kernel it replaces) or an
 //              earlier kernel of the same stream.  The last block's reads of the partials are
-//              the tail of the kernel: a grid of B blocks adds about B / kThreads round trips.
+//              the tail of the kernel: a grid of B blocks adds about B / (4 * kThreads) round
+//              trips (each thread has four loads in flight).
 // Shared by the elementwise kernels whose FixUp scalar gradients are whole-tensor sums.
 #pragma once
 
 #include <cuda_runtime.h>
 
 namespace cutlass_ops {
+
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
 
 template <int N>
 __device__ inline void warp_sum(float (&v)[N]) {
@@ -61,7 +69,8 @@ __device__ inline void grid_sum(float (&v)[N], float* partials, unsigned* counte
   if (!last) return;
   __threadfence();
   float total[N] = {};
-  for (unsigned b = threadIdx.x; b < gridDim.x; b += kThreads) {  // a fixed order per thread
+#pragma unroll 4  // independent loads in flight; the adds keep a fixed order per thread
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += kThreads) {
 #pragma unroll
     for (int k = 0; k < N; ++k) total[k] += __ldcg(partials + b * N + k);  // L2: other SMs wrote them
   }

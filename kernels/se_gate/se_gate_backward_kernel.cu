@@ -13,12 +13,6 @@ constexpr int kVec = 8;  // channels per 16-byte access
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxImagesPerCta = 8;
 
-__device__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
 // ---- 1. per image: dy, its sums, the squeeze and d_gate ------------------------------------
 
 // The per-thread partials of 8 channels (thread t: channel group t % G, rows t / G) summed
@@ -42,10 +36,9 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(SeGateBackwardArgs a) {
   wait_for_previous_grid();
   __shared__ float4 scratch4[kThreads * kVec / 4];
-  __shared__ float warp_sums[2][kWarps];
   float* scratch = reinterpret_cast<float*>(scratch4);
   int const C = a.C, HW = a.H * a.W, n = blockIdx.x;
-  int const tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  int const tid = threadIdx.x;
   size_t const base = size_t(n) * HW * C;
   // __restrict__: the next pixel's loads may move above this pixel's store.
   T const* __restrict__ grad_out = static_cast<T const*>(a.grad_out) + base;
@@ -66,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
   int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
   int const row0 = tid / G, c0 = (tid % G) * kVec;
   float sum_h[kVec] = {}, sum_dyh[kVec] = {};
-  float sum_g = 0.f, sum_dy = 0.f;
+  float sums[2] = {0.f, 0.f};  // of the gradient before and after the ReLU mask
   if (row0 < rows_per_pass) {
     for (int p = row0; p < HW; p += rows_per_pass) {
       size_t const at = size_t(p) * C + c0;
@@ -108,8 +101,8 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
         bool const active = has_post_bias ? !(o == inactive) : o > 0.f;  // NaN counts as active
         float const dy = active ? g[k] : 0.f;
         float const hk = to_float(hv.v[k]) + h_bias;
-        sum_g += g[k];
-        sum_dy += dy;
+        sums[0] += g[k];
+        sums[1] += dy;
         sum_h[k] += hk;
         sum_dyh[k] += dy * hk;
         gv.v[k] = from_float<T>(dy);
@@ -119,17 +112,10 @@ __global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(Se
   }
   reduce_partials(scratch, sum_h, a.squeeze + size_t(n) * C, C, G, rows_per_pass, 1.f / HW);
   reduce_partials(scratch, sum_dyh, a.d_gate + size_t(n) * C, C, G, rows_per_pass, 1.f);
-  sum_g = warp_sum(sum_g);
-  sum_dy = warp_sum(sum_dy);
-  if (lane == 0) {
-    warp_sums[0][warp] = sum_g;
-    warp_sums[1][warp] = sum_dy;
-  }
-  __syncthreads();
-  if (tid < 2) {  // the image's FixUp sums, in a fixed order
-    float s = 0.f;
-    for (int w = 0; w < kWarps; ++w) s += warp_sums[tid][w];
-    a.sums[2 * size_t(n) + tid] = s;
+  block_sum<kThreads>(sums);  // the image's FixUp sums, in a fixed order
+  if (tid == 0) {
+    a.sums[2 * size_t(n)] = sums[0];
+    a.sums[2 * size_t(n) + 1] = sums[1];
   }
 }
 
@@ -335,20 +321,17 @@ cudaError_t launch_excite(SeGateBackwardArgs const& a, cudaStream_t stream) {
 }
 
 template <typename T>
-cudaError_t launch_typed(SeGateBackwardArgs const& a, int images_per_cta, int num_sms, cudaStream_t stream) {
+cudaError_t launch_per_image(SeGateBackwardArgs const& a, int images_per_cta, cudaStream_t stream) {
   cudaError_t err = launch_kernel<se_gate_backward_reduce_kernel<T>>(unsigned(a.N), kThreads, 0, stream,
                                                                      a.programmatic_launch, a);
   if (err != cudaSuccess) return err;
   switch (images_per_cta) {
-    case 1: err = launch_excite<1>(a, stream); break;
-    case 2: err = launch_excite<2>(a, stream); break;
-    case 4: err = launch_excite<4>(a, stream); break;
-    case 8: err = launch_excite<8>(a, stream); break;
-    default: err = cudaErrorInvalidValue;
+    case 1: return launch_excite<1>(a, stream);
+    case 2: return launch_excite<2>(a, stream);
+    case 4: return launch_excite<4>(a, stream);
+    case 8: return launch_excite<8>(a, stream);
+    default: return cudaErrorInvalidValue;
   }
-  if (err != cudaSuccess) return err;
-  unsigned const grid = unsigned(se_gate_backward_input_blocks(a.N, a.H, a.W, a.C, num_sms));
-  return launch_kernel<se_gate_backward_input_kernel<T>>(grid, kThreads, 0, stream, a.programmatic_launch, a);
 }
 
 // One row of the batch sums (a row per chunk of images, then summed over the chunks): W1 (r, c),
@@ -506,7 +489,9 @@ cudaError_t launch_se_gate_param_grads(SeParamGradArgs const& a, int chunks, cud
 int se_gate_backward_input_blocks(int N, int H, int W, int C, int num_sms) {
   long long const chunks = (long long)N * H * W * (C / kVec);
   long long const blocks = (chunks + kThreads - 1) / kThreads;
-  return int(blocks < 1 ? 1 : (blocks < 16LL * num_sms ? blocks : 16LL * num_sms));  // grid-stride beyond
+  // Grid-stride beyond 8 CTAs per SM (full occupancy): more blocks only lengthen the tail,
+  // where the last block adds every block's partial sum.
+  return int(blocks < 1 ? 1 : (blocks < 8LL * num_sms ? blocks : 8LL * num_sms));
 }
 
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta) {
@@ -528,11 +513,20 @@ int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max
   return images;
 }
 
-cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
-                                    cudaStream_t stream) {
+cudaError_t launch_se_gate_backward_per_image(SeGateBackwardArgs const& a, int images_per_cta,
+                                              cudaStream_t stream) {
   if (a.N == 0) return cudaSuccess;
-  return a.dtype == DType::kF16 ? launch_typed<__half>(a, images_per_cta, num_sms, stream)
-                                : launch_typed<__nv_bfloat16>(a, images_per_cta, num_sms, stream);
+  return a.dtype == DType::kF16 ? launch_per_image<__half>(a, images_per_cta, stream)
+                                : launch_per_image<__nv_bfloat16>(a, images_per_cta, stream);
+}
+
+cudaError_t launch_se_gate_backward_input(SeGateBackwardArgs const& a, int num_sms, cudaStream_t stream) {
+  if (a.N == 0) return cudaSuccess;
+  unsigned const grid = unsigned(se_gate_backward_input_blocks(a.N, a.H, a.W, a.C, num_sms));
+  return a.dtype == DType::kF16
+      ? launch_kernel<se_gate_backward_input_kernel<__half>>(grid, kThreads, 0, stream, a.programmatic_launch, a)
+      : launch_kernel<se_gate_backward_input_kernel<__nv_bfloat16>>(grid, kThreads, 0, stream,
+                                                                    a.programmatic_launch, a);
 }
 
 }  // namespace se_gate

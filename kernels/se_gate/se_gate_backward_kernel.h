@@ -67,9 +67,12 @@ int se_gate_backward_input_blocks(int N, int H, int W, int C, int num_sms);
 int se_gate_backward_images_per_cta(int N, int C, int R, int num_sms, size_t max_smem_bytes);
 
 // Requirements: se_gate_backward_supported(C, R, ...), 16-byte aligned 16-bit tensors, W1 and W2.
-// Returns the first launch error.
-cudaError_t launch_se_gate_backward(SeGateBackwardArgs const& a, int images_per_cta, int num_sms,
-                                    cudaStream_t stream);
+// Kernels 1 and 2 (the per-image vectors), then kernel 3 (grad_h): separate calls, so that the
+// op can run the batch sums (launch_se_gate_param_grads) beside kernel 3.  Return the first
+// launch error.
+cudaError_t launch_se_gate_backward_per_image(SeGateBackwardArgs const& a, int images_per_cta,
+                                              cudaStream_t stream);
+cudaError_t launch_se_gate_backward_input(SeGateBackwardArgs const& a, int num_sms, cudaStream_t stream);
 
 // The batch sums over se_gate_backward's per-image vectors:
 //   grad_w1[r][c] = sum_n d_pre1[n][r] * squeeze[n][c]    grad_b1[r] = sum_n d_pre1[n][r]

@@ -1,6 +1,7 @@
 // CUDA implementations of cutlass_ops::se_gate (kernel in se_gate_kernel.cu) and
 // se_gate_backward (se_gate_backward_kernel.cu).
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -124,7 +125,8 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   a.d_pre1 = d_pre1.data_ptr<float>(); a.d_pre2 = d_pre2.data_ptr<float>(); a.sums = sums.data_ptr<float>();
   a.d_gate = d_gate.data_ptr<float>(); a.gate = gate.data_ptr<float>(); a.d_squeeze = d_squeeze.data_ptr<float>();
   a.programmatic_launch = programmatic_launch_allowed(dev);
-  cudaError_t err = launch_se_gate_backward(a, images_per_cta, num_sms, c10::cuda::getCurrentCUDAStream(dev).stream());
+  c10::cuda::CUDAStream const stream = c10::cuda::getCurrentCUDAStream(dev);
+  cudaError_t err = launch_se_gate_backward_per_image(a, images_per_cta, stream.stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
   // The batch reductions over the per-image vectors (two kernels).
   auto grad_w1 = at::empty({R, C}, f32), grad_b1 = at::empty({R}, f32);
@@ -137,8 +139,27 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
                     partials.data_ptr<float>(), grad_w1.data_ptr<float>(), grad_b1.data_ptr<float>(),
                     grad_w2.data_ptr<float>(), grad_b2.data_ptr<float>(), grad_identity_bias.data_ptr<float>(),
                     grad_post_bias.data_ptr<float>()};
-  err = launch_se_gate_param_grads(p, chunks, c10::cuda::getCurrentCUDAStream(dev).stream());
+  // While a CUDA graph is captured, the batch sums run on a side stream beside the grad_h
+  // pass (alone, the sums' few CTAs leave most of the GPU idle), joined before returning;
+  // every tensor they touch was allocated before the fork and is freed after the join.
+  // Eager calls stay on one stream: there the fork costs more host time than it saves.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TORCH_CHECK(cudaStreamIsCapturing(stream.stream(), &capture) == cudaSuccess, "se_gate_backward: cudaStreamIsCapturing failed");
+  bool const fork = capture == cudaStreamCaptureStatusActive;
+  c10::cuda::CUDAStream const sums_stream = fork ? c10::cuda::getStreamFromPool(false, dev) : stream;
+  at::cuda::CUDAEvent vectors_ready, sums_done;
+  if (fork) {
+    vectors_ready.record(stream);
+    vectors_ready.block(sums_stream);
+  }
+  err = launch_se_gate_param_grads(p, chunks, sums_stream.stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  err = launch_se_gate_backward_input(a, num_sms, stream.stream());
+  TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  if (fork) {
+    sums_done.record(sums_stream);
+    sums_done.block(stream);
+  }
   return {grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post_bias, grad_h_bias};
 }
 

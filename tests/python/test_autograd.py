@@ -4,6 +4,7 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
+from cutlass_ops.small_map_conv import small_map_conv
 from _helpers import DEVICES, errors
 from test_fused_resnet import randomize_
 
@@ -25,6 +26,18 @@ def test_conv2d_fused_gradcheck(bias_kind, relu, residual):
     scale, post = _leaf(1, g=g), _leaf(g=g)
     fn = lambda *a: cutlass_ops.conv2d_fused(a[0], a[1], a[2], a[3], 2, 1, a[4], a[5], relu)
     assert torch.autograd.gradcheck(fn, (x, w, bias, res, scale, post))
+
+
+@pytest.mark.parametrize("height,width", [(2, 2), (1, 1), (1, 2), (2, 3)])
+def test_small_map_conv_gradcheck(height, width):
+    # FusedResNet's conv2 on maps smaller than 3x3 (a dense layer; dgrad and wgrad differ
+    # from conv2d_fused's): its value and every gradient against the 3x3 conv's.
+    g = torch.Generator().manual_seed(height * 10 + width)
+    h = _leaf(3, 8, height, width, g=g).detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    w, scale = _leaf(5, 8, 3, 3, g=g), _leaf(1, g=g)
+    assert torch.autograd.gradcheck(lambda *a: small_map_conv(*a, padding=1), (h, w, scale))
+    direct = cutlass_ops.conv2d_fused(h, w, None, None, 1, 1, scale, None, False)
+    torch.testing.assert_close(small_map_conv(h, w, scale, padding=1), direct, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("avgpool", [False, True])

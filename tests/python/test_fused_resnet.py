@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_ops
-from cutlass_ops.fused_resnet import dense_conv_weight
+from cutlass_ops.small_map_conv import dense_conv_weight
 from cutlass_ops.models import SEResNet9FixUp
 from _helpers import HAS_CUDA, errors
 
@@ -81,7 +81,7 @@ def test_fused_resnet_cpu(in_channels, n, dtype):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_graph_mode_matches_and_follows_weight_updates():
     fused, x, out = _check(3, 16, torch.float16, "cuda", graph=True)
-    with torch.no_grad():  # the graph's path (with grad on, block 3's conv2 is not dense)
+    with torch.no_grad():  # the graph's path
         eager = fused._fused_forward(x)
         torch.testing.assert_close(out, eager, rtol=0, atol=0)
         # An in-place update must not replay a stale graph (nor a stale dense weight).

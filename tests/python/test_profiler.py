@@ -20,6 +20,12 @@ def test_resnet_problems_cover_every_conv():
     assert problems[0] == dict(n=1, h=16, w=16, c=48, k=64, r=1, s=1, pad=0, stride=1)
     assert dict(n=128, h=4, w=4, c=256, k=512, r=3, s=3, pad=1, stride=2) in problems
     assert dict(n=128, h=2, w=2, c=256, k=512, r=1, s=1, pad=0, stride=1) in problems  # downsample
+    # Training: no stem (its backward is its own kernel); block 3's conv2 both as the dense
+    # layer (its dgrad) and as the 3x3 conv (its wgrad).
+    training = resnet_problems([128], training=True)
+    assert len(training) == 1 + 3 * 3 + 1
+    assert dict(n=128, h=1, w=1, c=2048, k=2048, r=1, s=1, pad=0, stride=1) in training
+    assert dict(n=128, h=2, w=2, c=512, k=512, r=3, s=3, pad=1, stride=1) in training
 
 
 def test_problems_from_model_hooks_every_conv():
