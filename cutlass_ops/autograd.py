@@ -86,6 +86,30 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
+def fork_side_stream(grad: torch.Tensor):
+    """While a CUDA graph is captured: the side stream, after it has waited for the current
+    one, for work that nothing until the autograd node returns waits for (a wgrad beside
+    its dgrad: at small batches neither fills the GPU).  Otherwise None: eager calls stay
+    on one stream, where the fork costs more host time than it saves."""
+    if not (grad.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    side = _side_stream(grad.device)
+    side.wait_stream(torch.cuda.current_stream(grad.device))
+    return side
+
+
+def join_side_stream(side, *made_there) -> None:
+    """The current stream waits for `side`; the tensors made there are marked as used on the
+    current one (the allocator must not hand their memory to the side stream early)."""
+    if side is None:
+        return
+    main = torch.cuda.current_stream(side.device)
+    main.wait_stream(side)
+    for t in made_there:
+        if t is not None:
+            t.record_stream(main)
+
+
 def _conv_setup(ctx, inputs, output):
     x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs
     ctx.save_for_backward(x, w, scale, post_bias, output if relu else None)
@@ -103,13 +127,9 @@ def _conv_backward(ctx, grad):
     scalar_bias = bias_meta is not None and len(bias_meta[0]) == 0
     want_sums = needs[5] or (needs[2] and scalar_bias)
     want_w = needs[1] or (scale is not None and needs[4])
-    # While a CUDA graph is captured, the work nothing downstream waits for (wgrad, and the
-    # bias sums when there is no ReLU to mask first) goes on a side stream beside dgrad (at
-    # small batches neither fills the GPU), joined before returning.  Eager calls stay on
-    # one stream: there the fork costs more host time than it saves.
-    side = _side_stream(grad.device) if needs[0] and want_w and grad.is_cuda and \
-        torch.cuda.is_current_stream_capturing() else None
-    main = torch.cuda.current_stream(grad.device) if side is not None else None
+    # Under graph capture wgrad, and the bias sums when there is no ReLU to mask first, go
+    # on a side stream beside dgrad (fork_side_stream), joined before returning.
+    side = fork_side_stream(grad) if needs[0] and want_w else None
     on_side = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
     sums_on_side = side is not None and not ctx.relu  # no mask to apply first: they can wait
 
@@ -127,8 +147,6 @@ def _conv_backward(ctx, grad):
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
     grad_x = grad_w = grad_scale = None
     g = g.to(x.dtype)
-    if side is not None:
-        side.wait_stream(main)
     with on_side:
         if sums_on_side:
             _, sum_grad, sum_g = _epilogue_backward(grad, None, post_bias, acc, want_sums)
@@ -141,11 +159,7 @@ def _conv_backward(ctx, grad):
             grad_scale = _grad_as(grad_scale, scale_meta) if needs[4] and scale is not None else None
     if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
         grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
-    if side is not None:
-        main.wait_stream(side)
-        for t in (grad_w, grad_scale, grad_post, grad_bias):  # made on the side stream, used on the main one
-            if t is not None:
-                t.record_stream(main)
+    join_side_stream(side, grad_w, grad_scale, grad_post, grad_bias)
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 

@@ -8,14 +8,18 @@ which does H*W/(R*S) of the implicit GEMM's work (4/9 at 2x2).
   forward:  y = scale * conv1x1(flat(h), dense(w)), one conv2d_fused (scale in its epilogue)
   backward: grad_h as the dense layer's conv2d_dgrad (the same saving); grad_w and
             grad_scale from the 3x3 conv's conv2d_wgrad (the dense weight's own gradient
-            would then need summing over the taps back into w).
+            would then need summing over the taps back into w); under CUDA-graph capture
+            the wgrad runs on a side stream beside the dgrad, as in autograd.py.
 The dense weight is one gather kernel, rebuilt on every training forward (the weight
 trains); inference caches it (FusedResNet._cached).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from .autograd import fork_side_stream, join_side_stream
 from .ops import conv2d_dgrad, conv2d_fused, conv2d_wgrad
 
 
@@ -100,14 +104,17 @@ class _SmallMapConv(torch.autograd.Function):
         needs_h, needs_w, needs_scale = ctx.needs_input_grad[:3]
         g = grad.to(h.dtype)
         grad_h = grad_w = grad_scale = None
-        if needs_w or needs_scale:
-            grad_w, grad_scale = conv2d_wgrad(g, h, weight, 1, ctx.padding, scale)
-            grad_w = grad_w if needs_w else None
-            grad_scale = grad_scale.to(scale.dtype).reshape(scale.shape) if needs_scale else None
+        side = fork_side_stream(g) if needs_h and (needs_w or needs_scale) else None  # wgrad beside dgrad
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            if needs_w or needs_scale:
+                grad_w, grad_scale = conv2d_wgrad(g, h, weight, 1, ctx.padding, scale)
+                grad_w = grad_w if needs_w else None
+                grad_scale = grad_scale.to(scale.dtype).reshape(scale.shape) if needs_scale else None
         if needs_h:
             n, c, height, width = h.shape
             flat_grad = conv2d_dgrad(_flatten_map(g), dense, (n, height * width * c, 1, 1), 1, 0, scale)
             grad_h = _unflatten_map(flat_grad, c, height, width)
+        join_side_stream(side, grad_w, grad_scale)
         return grad_h, grad_w, grad_scale, None
 
 
