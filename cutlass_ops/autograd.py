@@ -86,15 +86,19 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def fork_side_stream(grad: torch.Tensor):
-    """While a CUDA graph is captured: the side stream, after it has waited for the current
-    one, for work that nothing until the autograd node returns waits for (a wgrad beside
-    its dgrad: at small batches neither fills the GPU).  Otherwise None: eager calls stay
-    on one stream, where the fork costs more host time than it saves."""
-    if not (grad.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return None
-    side = _side_stream(grad.device)
-    side.wait_stream(torch.cuda.current_stream(grad.device))
+def use_side_stream(grad: torch.Tensor) -> bool:
+    """Whether work that nothing waits for until the autograd node returns (a wgrad beside
+    its dgrad: at small batches neither fills the GPU) should go on a side stream: while a
+    CUDA graph is captured.  Eager calls stay on one stream: there the fork costs more host
+    time than it saves."""
+    return grad.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def fork_side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream, after it has waited for everything issued so far on the current one
+    (call it once the side's inputs are issued)."""
+    side = _side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
     return side
 
 
@@ -128,10 +132,9 @@ def _conv_backward(ctx, grad):
     want_sums = needs[5] or (needs[2] and scalar_bias)
     want_w = needs[1] or (scale is not None and needs[4])
     # Under graph capture wgrad, and the bias sums when there is no ReLU to mask first, go
-    # on a side stream beside dgrad (fork_side_stream), joined before returning.
-    side = fork_side_stream(grad) if needs[0] and want_w else None
-    on_side = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
-    sums_on_side = side is not None and not ctx.relu  # no mask to apply first: they can wait
+    # on a side stream beside dgrad (use_side_stream), joined before returning.
+    beside = needs[0] and want_w and use_side_stream(grad)
+    sums_on_side = beside and not ctx.relu  # no mask to apply first: they can wait
 
     def sums_and_bias(g, sum_grad, sum_g):
         grad_post = _grad_as(sum_grad, post_meta) if needs[5] else None
@@ -147,7 +150,8 @@ def _conv_backward(ctx, grad):
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
     grad_x = grad_w = grad_scale = None
     g = g.to(x.dtype)
-    with on_side:
+    side = fork_side_stream(grad.device) if beside else None  # after g (masked on this stream) is issued
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         if sums_on_side:
             _, sum_grad, sum_g = _epilogue_backward(grad, None, post_bias, acc, want_sums)
             grad_post, grad_bias = sums_and_bias(grad, sum_grad, sum_g)

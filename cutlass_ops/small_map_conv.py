@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from .autograd import fork_side_stream, join_side_stream
+from .autograd import fork_side_stream, join_side_stream, use_side_stream
 from .ops import conv2d_dgrad, conv2d_fused, conv2d_wgrad
 
 
@@ -104,7 +104,8 @@ class _SmallMapConv(torch.autograd.Function):
         needs_h, needs_w, needs_scale = ctx.needs_input_grad[:3]
         g = grad.to(h.dtype)
         grad_h = grad_w = grad_scale = None
-        side = fork_side_stream(g) if needs_h and (needs_w or needs_scale) else None  # wgrad beside dgrad
+        beside = needs_h and (needs_w or needs_scale) and use_side_stream(g)  # wgrad beside dgrad
+        side = fork_side_stream(g.device) if beside else None
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             if needs_w or needs_scale:
                 grad_w, grad_scale = conv2d_wgrad(g, h, weight, 1, ctx.padding, scale)
