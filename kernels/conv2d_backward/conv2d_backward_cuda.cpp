@@ -2,7 +2,7 @@
 // dgrad/wgrad kernels (conv2d_backward_dispatch.h) for fp16/bf16 with channel counts that
 // are multiples of 8 on sm80+, unless the build's profile measured cuDNN faster; else cuDNN
 // (through ATen).  Either way the FixUp scale is applied by our weight-sized kernels
-// (weight_grad_kernel.h): wgrad's epilogue pass, and the scaled weight cuDNN's dgrad reads.
+// (weight_grad_kernel.h): wgrad's epilogue pass, and the scaled operand cuDNN's dgrad reads.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -80,13 +80,13 @@ Elem elem_of(at::ScalarType t) {
   return t == at::kHalf ? Elem::kF16 : t == at::kBFloat16 ? Elem::kBF16 : Elem::kF32;
 }
 
-// cuDNN's dgrad takes no alpha: fold the scale into the (small) weight in one kernel.
-at::Tensor scaled_weight(at::Tensor const& weight, at::Tensor const& scale_f, int dev) {
-  auto w = weight.contiguous(at::MemoryFormat::ChannelsLast);
-  auto out = at::empty_like(w);
+// scale * t (a channels_last 16-bit tensor) in one kernel.
+at::Tensor scaled(at::Tensor const& t, at::Tensor const& scale_f, int dev) {
+  auto in = t.contiguous(at::MemoryFormat::ChannelsLast);
+  auto out = at::empty_like(in);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
-  C10_CUDA_CHECK(launch_scaled_weight(w.data_ptr(), elem_of(w.scalar_type()), w.numel(), scale_f.data_ptr<float>(),
-                                      out.data_ptr(), weight_grad_blocks(w.numel(), multiprocessor_count(dev)),
+  C10_CUDA_CHECK(launch_scaled_copy(in.data_ptr(), elem_of(in.scalar_type()), in.numel(), scale_f.data_ptr<float>(),
+                                      out.data_ptr(), weight_grad_blocks(in.numel(), multiprocessor_count(dev)),
                                       stream));
   return out;
 }
@@ -119,7 +119,11 @@ at::Tensor conv2d_dgrad_cuda(at::Tensor const& grad_output, at::Tensor const& we
                                       : at::Tensor();
   a.output = p.kernel != nullptr ? dx.data_ptr() : nullptr;
   if (!run_planned(a, dx, "conv2d_dgrad", p)) {
-    dx = conv2d_dgrad_aten(dy, scale ? scaled_weight(w, scale_f, dev) : w, input_size, stride, padding, c10::nullopt);
+    // cuDNN's dgrad takes no alpha: the scale goes into the smaller operand (the weight,
+    // or dy where the batch is small and the weight large: block 3's convs).
+    bool const scale_dy = scale && dy.numel() < w.numel();
+    dx = conv2d_dgrad_aten(scale_dy ? scaled(dy, scale_f, dev) : dy, scale && !scale_dy ? scaled(w, scale_f, dev) : w,
+                           input_size, stride, padding, c10::nullopt);
     if (p.prefer_cudnn) last_kernel_slot() = cudnn_label(p);
   }
   return dx;

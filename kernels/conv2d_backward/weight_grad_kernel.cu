@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) wgrad_epilogue_kernel(WgradEpilogueA
 }
 
 template <typename W, int kVec>
-__global__ void __launch_bounds__(kThreads) scaled_weight_kernel(W const* w, int64_t n, float const* scale, W* out) {
+__global__ void __launch_bounds__(kThreads) scaled_copy_kernel(W const* w, int64_t n, float const* scale, W* out) {
   float const s = *scale;
   for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < n / kVec; i += (int64_t)gridDim.x * kThreads) {
     float v[kVec];
@@ -82,9 +82,9 @@ cudaError_t launch_scaled_typed(void const* w, int64_t n, float const* scale, vo
   auto const* src = static_cast<W const*>(w);
   auto* dst = static_cast<W*>(out);
   if (n % 8 == 0 && aligned16(w) && aligned16(out)) {
-    scaled_weight_kernel<W, 8><<<blocks, kThreads, 0, stream>>>(src, n, scale, dst);
+    scaled_copy_kernel<W, 8><<<blocks, kThreads, 0, stream>>>(src, n, scale, dst);
   } else {
-    scaled_weight_kernel<W, 1><<<blocks, kThreads, 0, stream>>>(src, n, scale, dst);
+    scaled_copy_kernel<W, 1><<<blocks, kThreads, 0, stream>>>(src, n, scale, dst);
   }
   return cudaGetLastError();
 }
@@ -105,7 +105,7 @@ cudaError_t launch_wgrad_epilogue(WgradEpilogueArgs const& a, int blocks, cudaSt
   }
 }
 
-cudaError_t launch_scaled_weight(void const* w, Elem type, int64_t n, float const* scale, void* out, int blocks,
+cudaError_t launch_scaled_copy(void const* w, Elem type, int64_t n, float const* scale, void* out, int blocks,
                                  cudaStream_t stream) {
   return type == Elem::kF16 ? launch_scaled_typed<__half>(w, n, scale, out, blocks, stream)
                             : launch_scaled_typed<__nv_bfloat16>(w, n, scale, out, blocks, stream);

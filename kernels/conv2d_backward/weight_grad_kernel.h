@@ -1,9 +1,9 @@
-// Weight-sized kernels around the convs' dgrad/wgrad (FixUp: y = scale * conv(x, w)):
+// Weight-sized (elementwise) kernels around the convs' dgrad/wgrad (FixUp: y = scale * conv(x, w)):
 //   wgrad epilogue:  G = sum over split-K slices of the wgrad partial sums (or cuDNN's dw)
 //                    dw = scale * G (in the weight's type: what autograd needs for it)
 //                    and <w, G> (the last block adds the blocks' sums: common/grid_sum.cuh)
 //                    (d scale = <w, G>: sum(dy * conv(x, w)) without recomputing the conv)
-//   scaled weight:   w_s = round(scale * w), for cuDNN's dgrad (it takes no alpha)
+//   scaled copy:     round(scale * t) of the weight or dy, for cuDNN's dgrad (it takes no alpha)
 // One pass each over weight-sized tensors, float math; the dot product's block sums added
 // in a fixed order (no floating-point atomics: results do not depend on scheduling).  No torch here: conv2d_backward_cuda.cpp launches.
 #pragma once
@@ -37,7 +37,7 @@ int weight_grad_blocks(int64_t n, int num_sms);
 cudaError_t launch_wgrad_epilogue(WgradEpilogueArgs const& a, int blocks, cudaStream_t stream);
 
 // out[i] = round(float(w[i]) * *scale) in w's type (fp16/bf16).
-cudaError_t launch_scaled_weight(void const* w, Elem type, int64_t n, float const* scale, void* out,
+cudaError_t launch_scaled_copy(void const* w, Elem type, int64_t n, float const* scale, void* out,
                                  int blocks, cudaStream_t stream);
 
 }  // namespace conv2d_backward

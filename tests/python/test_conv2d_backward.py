@@ -16,7 +16,8 @@ CASES = [
     (5, 64, 16, 16, 128, 3, 3, 2, 1),    # block 1 conv1 (strided dgrad)
     (2, 64, 8, 8, 128, 1, 1, 1, 0),      # a downsample 1x1
     (3, 256, 4, 4, 512, 3, 3, 2, 1),     # block 3 conv1
-    (4, 512, 2, 2, 512, 3, 3, 1, 1),     # block 3 conv2 (2x2 maps)
+    (4, 512, 2, 2, 512, 3, 3, 1, 1),     # block 3 conv2 (2x2 maps; cuDNN's dgrad: dy scaled, not w)
+    (3, 2048, 1, 1, 2048, 1, 1, 1, 0),   # block 3 conv2 as the dense layer (small_map_conv)
     (3, 24, 9, 7, 40, 3, 3, 2, 1),       # odd maps, stride 2
     (1, 16, 7, 9, 8, 5, 3, 2, 2),        # non-square kernel and rows a stride leaves over
     (64, 64, 16, 16, 64, 3, 3, 1, 1),    # N*P*Q = 16384: wgrad split many ways
