@@ -185,6 +185,18 @@ class FusedResNet(SEResNet9FixUp):
         # (which leave SMs idle at small batches) instead of after them.  Eager calls stay
         # on one stream: there a fork costs more host time than it saves.
         side = self._side_stream(x.device) if x.is_cuda and torch.cuda.is_current_stream_capturing() else None
+        # The dense conv2 weights (blocks whose map is smaller than 3x3) depend on the weights
+        # alone: while a graph is captured, the ones not cached are built on the side stream
+        # here, beside the stem and the early blocks, instead of on the path to their conv.
+        dense = {}
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():  # a constant to small_map_conv
+                for i, blk, height, width in self._dense_conv2_maps(x):
+                    if not self._dense_weight_cached(blk, cast):
+                        dense[i] = dense_conv_weight(cast(blk.conv2.weight), height, width, padding=1)
+            for t in dense.values():
+                t.record_stream(torch.cuda.current_stream())  # used by this stream's convs
         pooled = None
         for i, blk in enumerate(blocks):
             fork = side is not None and blk.downsample is not None
@@ -194,7 +206,9 @@ class FusedResNet(SEResNet9FixUp):
             h = conv(f"layers.{i}.conv1", xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None,
                      stride, 1, None, blk.fixup_bias2a, relu=True)
             if runs_dense(h.shape[2], h.shape[3], *blk.conv2.kernel_size):
-                h = self._dense_conv2(i, blk, h, cast, report)
+                if i in dense:
+                    torch.cuda.current_stream().wait_stream(side)
+                h = self._dense_conv2(i, blk, h, cast, report, dense.get(i))
             else:
                 h = conv(f"layers.{i}.conv2", h, blk.conv2.weight, None, None, 1, 1, blk.fixup_scale, None,
                          relu=False)
@@ -220,12 +234,28 @@ class FusedResNet(SEResNet9FixUp):
             xa, pooled = result if pool_next else (result, None)
         return xa
 
-    def _dense_conv2(self, i: int, blk: SEFixupBasicBlock, h: torch.Tensor, cast, report) -> torch.Tensor:
-        """conv2 on a map smaller than its kernel footprint, as a dense layer (small_map_conv).
-        Inference caches the dense weight; training (and autocast) rebuild it per call."""
+    def _dense_conv2_maps(self, x: torch.Tensor):
+        """(block index, block, H, W) of each conv2 that runs as a dense layer on input x."""
+        height, width = x.shape[2] // 4, x.shape[3] // 4
+        for i, blk in enumerate(self._blocks()):
+            stride = blk.conv1.stride[0]
+            height, width = (height - 1) // stride + 1, (width - 1) // stride + 1  # 3x3, padding 1
+            if runs_dense(height, width, *blk.conv2.kernel_size):
+                yield i, blk, height, width
+
+    @staticmethod
+    def _dense_weight_cached(blk: SEFixupBasicBlock, cast) -> bool:
+        """Inference caches the dense weight; training (the weight trains) and autocast (a
+        new cast weight per call) rebuild it."""
+        weight = blk.conv2.weight
+        return cast(weight) is weight and not (torch.is_grad_enabled() and weight.requires_grad)
+
+    def _dense_conv2(self, i: int, blk: SEFixupBasicBlock, h: torch.Tensor, cast, report,
+                     dense: torch.Tensor | None) -> torch.Tensor:
+        """conv2 on a map smaller than its kernel footprint, as a dense layer (small_map_conv),
+        with `dense` its weight when built already."""
         weight, height, width = cast(blk.conv2.weight), h.shape[2], h.shape[3]
-        dense = None
-        if weight is blk.conv2.weight and not (torch.is_grad_enabled() and weight.requires_grad):
+        if dense is None and self._dense_weight_cached(blk, cast):
             dense = self._cached(f"layers.{i}.conv2.dense{height}x{width}", weight,
                                  lambda w: dense_conv_weight(w, height, width, padding=1))
         y = small_map_conv(h, weight, blk.fixup_scale, 1, dense)
@@ -250,7 +280,7 @@ class FusedResNet(SEResNet9FixUp):
             static_x = x.clone()
             side = torch.cuda.Stream(x.device)
             side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), torch.no_grad():  # a constant to small_map_conv
                 for _ in range(2):  # warm-up: builds derived weights, loads kernels
                     self._fused_forward(static_x)
             torch.cuda.current_stream(x.device).wait_stream(side)

@@ -11,7 +11,8 @@ which does H*W/(R*S) of the implicit GEMM's work (4/9 at 2x2).
             would then need summing over the taps back into w); under CUDA-graph capture
             the wgrad runs on a side stream beside the dgrad, as in autograd.py.
 The dense weight is one gather kernel, rebuilt on every training forward (the weight
-trains); inference caches it (FusedResNet._cached).
+trains; FusedResNet issues it on a side stream at the start of a captured forward);
+inference caches it (FusedResNet._cached).
 """
 from __future__ import annotations
 
@@ -92,8 +93,9 @@ def _dense_forward(h: torch.Tensor, dense: torch.Tensor, scale, out_channels: in
 
 class _SmallMapConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, scale, padding):
-        dense = dense_conv_weight(weight, h.shape[2], h.shape[3], padding)
+    def forward(ctx, h, weight, scale, padding, dense):
+        if dense is None:
+            dense = dense_conv_weight(weight, h.shape[2], h.shape[3], padding)
         ctx.save_for_backward(h, weight, scale, dense)
         ctx.padding = padding
         return _dense_forward(h, dense, scale, weight.shape[0], padding, weight.shape[2:])
@@ -116,17 +118,18 @@ class _SmallMapConv(torch.autograd.Function):
             flat_grad = conv2d_dgrad(_flatten_map(g), dense, (n, height * width * c, 1, 1), 1, 0, scale)
             grad_h = _unflatten_map(flat_grad, c, height, width)
         join_side_stream(side, grad_w, grad_scale)
-        return grad_h, grad_w, grad_scale, None
+        return grad_h, grad_w, grad_scale, None, None
 
 
 def small_map_conv(h: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, padding: int,
                    dense: torch.Tensor | None = None) -> torch.Tensor:
     """``scale * conv2d(h, weight, stride=1, padding)`` as a dense layer (see the module
     docstring; meant for runs_dense maps), differentiable in h, weight and scale.  ``dense``:
-    a cached dense_conv_weight(weight, ...) to use instead (inference only)."""
-    if dense is not None:
-        return _dense_forward(h, dense, scale, weight.shape[0], padding, weight.shape[2:])
+    dense_conv_weight(weight, H, W, padding) when the caller built it already (an inference
+    cache, or a build issued earlier on another stream); the weight's gradient comes from the
+    3x3 conv either way."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, weight, scale)):
-        return _SmallMapConv.apply(h, weight, scale, padding)
-    return _dense_forward(h, dense_conv_weight(weight, h.shape[2], h.shape[3], padding), scale,
-                          weight.shape[0], padding, weight.shape[2:])
+        return _SmallMapConv.apply(h, weight, scale, padding, dense)
+    if dense is None:
+        dense = dense_conv_weight(weight, h.shape[2], h.shape[3], padding)
+    return _dense_forward(h, dense, scale, weight.shape[0], padding, weight.shape[2:])

@@ -33,7 +33,7 @@ __device__ void reduce_partials(float* scratch, float const (&acc)[kVec], float*
 
 // One CTA per image, streaming: 3 CTAs of 256 threads per SM (no spills) keep the loads in flight.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 3) se_gate_backward_reduce_kernel(SeGateBackwardArgs a) {
+__global__ void __launch_bounds__(kThreads, 4) se_gate_backward_reduce_kernel(SeGateBackwardArgs a) {
   wait_for_previous_grid();
   __shared__ float4 scratch4[kThreads * kVec / 4];
   float* scratch = reinterpret_cast<float*>(scratch4);
