@@ -34,6 +34,7 @@ sums into the convs' GEMMs (relu_backward is its own pass).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -102,22 +103,65 @@ def fork_side_stream(device: torch.device) -> torch.cuda.Stream:
     return side
 
 
-def join_side_stream(side, *made_there) -> None:
-    """The current stream waits for `side`; the tensors made there are marked as used on the
-    current one (the allocator must not hand their memory to the side stream early)."""
+_SINGLE_USE = threading.local()
+
+
+@contextlib.contextmanager
+def weights_used_once():
+    """Declares that each conv weight and scale passed to the ops inside is passed to no
+    other op in the graph (FusedResNet's forward), so that no gradient of one is added to
+    another's: their wgrads may then finish at the end of the backward pass (stored_as_is)."""
+    before = getattr(_SINGLE_USE, "on", False)
+    _SINGLE_USE.on = True
+    try:
+        yield
+    finally:
+        _SINGLE_USE.on = before
+
+
+def single_use_declared() -> bool:
+    """Whether the op being set up runs inside weights_used_once()."""
+    return getattr(_SINGLE_USE, "on", False)
+
+
+def stored_as_is(param, used_once: bool) -> bool:
+    """Whether autograd will store param's gradient without launching anything that reads
+    it before the backward pass ends: a leaf used by one op (weights_used_once) with no
+    .grad yet and no hooks (AccumulateGrad then takes the tensor itself).  None (no such
+    gradient) qualifies."""
+    return param is None or (used_once and param.is_leaf and param.grad is None and not param._backward_hooks
+                             and not getattr(param, "_post_accumulate_grad_hooks", None))
+
+
+def join_side_stream(side, made_there=(), used_there=(), at_end_of_backward: bool = False) -> None:
+    """The current stream waits for `side`: now, or with at_end_of_backward when the backward
+    pass finishes (a callback on the caller's stream, before backward() returns), so that
+    a wgrad overlaps the nodes after its own.  Deferring is only for gradients that nothing
+    reads before then (stored_as_is); the inputs the side stream reads are then marked as
+    used there (autograd may free them when the node returns).  The tensors made there are
+    marked as used on the current stream (the allocator must not hand their memory to the
+    side stream early)."""
     if side is None:
         return
     main = torch.cuda.current_stream(side.device)
-    main.wait_stream(side)
     for t in made_there:
         if t is not None:
             t.record_stream(main)
+    if at_end_of_backward:
+        for t in used_there:
+            if t is not None:
+                t.record_stream(side)
+        torch.autograd.Variable._execution_engine.queue_callback(
+            lambda: torch.cuda.current_stream(side.device).wait_stream(side))
+    else:
+        main.wait_stream(side)
 
 
 def _conv_setup(ctx, inputs, output):
     x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs
     ctx.save_for_backward(x, w, scale, post_bias, output if relu else None)
     ctx.stride, ctx.padding, ctx.relu = list(stride), list(padding), relu
+    ctx.used_once = single_use_declared()
     # needs_input_grad covers the arguments the call passed (trailing defaults are dropped).
     ctx.needs = list(ctx.needs_input_grad) + [False] * 9
     ctx.metas = [_meta(t) for t in (x, w, bias, residual, scale, post_bias)]
@@ -163,7 +207,11 @@ def _conv_backward(ctx, grad):
             grad_scale = _grad_as(grad_scale, scale_meta) if needs[4] and scale is not None else None
     if needs[0]:  # d/dx of s*conv(x, w) = s*dgrad(g, w): s is applied in dgrad's epilogue
         grad_x = conv2d_dgrad(g, w, x.shape, ctx.stride, ctx.padding, scale)
-    join_side_stream(side, grad_w, grad_scale, grad_post, grad_bias)
+    # The wgrad may finish after this node (at the end of the backward pass) when nothing
+    # reads its gradients before then.
+    defer = side is not None and not sums_on_side and stored_as_is(w, ctx.used_once) and \
+        stored_as_is(scale if needs[4] else None, ctx.used_once)
+    join_side_stream(side, (grad_w, grad_scale, grad_post, grad_bias), (g, x), at_end_of_backward=defer)
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
             grad_scale, grad_post, None, None, None)
 

@@ -29,6 +29,7 @@ import contextlib
 import torch
 from torch import nn
 
+from .autograd import weights_used_once
 from .models import SEFixupBasicBlock, SEResNet9FixUp
 from .ops import conv2d_fused, conv2d_fused_last_kernel, se_gate, space_to_depth_conv
 from .small_map_conv import dense_conv_weight, runs_dense, small_map_conv
@@ -156,6 +157,15 @@ class FusedResNet(SEResNet9FixUp):
         return report
 
     def _fused_forward(self, x: torch.Tensor, report: list | None = None, autocast_dtype=None) -> torch.Tensor:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            # Each conv weight and FixUp scale goes to one op: in a captured backward their
+            # wgrads may finish at the end of the pass (autograd.weights_used_once; declared
+            # only here, the one place it is used, so torch.compile need not trace it).
+            with weights_used_once():
+                return self._fused_ops(x, report, autocast_dtype)
+        return self._fused_ops(x, report, autocast_dtype)
+
+    def _fused_ops(self, x: torch.Tensor, report: list | None, autocast_dtype) -> torch.Tensor:
         # Under torch.autocast the input and the conv weights are cast to its dtype, as
         # autocast does for F.conv2d (differentiably: float32 master weights get float32
         # gradients, which GradScaler needs).  FixUp scalars and SE weights stay float32.

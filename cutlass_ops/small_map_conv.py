@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from .autograd import fork_side_stream, join_side_stream, use_side_stream
+from .autograd import fork_side_stream, join_side_stream, single_use_declared, stored_as_is, use_side_stream
 from .ops import conv2d_dgrad, conv2d_fused, conv2d_wgrad
 
 
@@ -97,7 +97,7 @@ class _SmallMapConv(torch.autograd.Function):
         if dense is None:
             dense = dense_conv_weight(weight, h.shape[2], h.shape[3], padding)
         ctx.save_for_backward(h, weight, scale, dense)
-        ctx.padding = padding
+        ctx.padding, ctx.used_once = padding, single_use_declared()
         return _dense_forward(h, dense, scale, weight.shape[0], padding, weight.shape[2:])
 
     @staticmethod
@@ -117,7 +117,8 @@ class _SmallMapConv(torch.autograd.Function):
             n, c, height, width = h.shape
             flat_grad = conv2d_dgrad(_flatten_map(g), dense, (n, height * width * c, 1, 1), 1, 0, scale)
             grad_h = _unflatten_map(flat_grad, c, height, width)
-        join_side_stream(side, grad_w, grad_scale)
+        defer = stored_as_is(weight, ctx.used_once) and stored_as_is(scale if needs_scale else None, ctx.used_once)
+        join_side_stream(side, (grad_w, grad_scale), (g, h), at_end_of_backward=defer)
         return grad_h, grad_w, grad_scale, None, None
 
 
