@@ -22,7 +22,9 @@ torch.autocast through FusedResNet).  What the backward does, per op:
     kernel after the wgrad sums its split-K slices, scales and takes that dot product.
     Which kernel each conv ran: cutlass_ops.ops.conv2d_backward_last_kernel().
   - While a CUDA graph is captured, each conv's wgrad (and, without a ReLU, its bias sums)
-    runs on a side stream beside its dgrad, joined before the node returns.
+    runs on a side stream beside its dgrad, joined before the node returns, or (inside
+    weights_used_once, when autograd stores the gradients as they are) at the end of the
+    backward pass, so that it also overlaps the nodes after its own.
   - space_to_depth_conv (the stem), when its input needs no gradient:
     space_to_depth_conv_weight_grad, one pass for the ReLU mask, the FixUp sums and dw
     (the patch matrix rebuilt from the saved input, as the forward built it).

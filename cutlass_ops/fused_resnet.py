@@ -270,9 +270,9 @@ class FusedResNet(SEResNet9FixUp):
                                  lambda w: dense_conv_weight(w, height, width, padding=1))
         y = small_map_conv(h, weight, blk.fixup_scale, 1, dense)
         if report is not None:
-            hwc = height * width * h.shape[1]
+            dense_in, dense_out = height * width * h.shape[1], y.shape[1] * y.shape[2] * y.shape[3]
             report.append((f"layers.{i}.conv2", tuple(y.shape),
-                           f"{conv2d_fused_last_kernel()} (as dense 1x1 conv, {hwc}->{hwc // h.shape[1] * weight.shape[0]})"))
+                           f"{conv2d_fused_last_kernel()} (as dense 1x1 conv, {dense_in}->{dense_out})"))
         return y
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
@@ -290,7 +290,7 @@ class FusedResNet(SEResNet9FixUp):
             static_x = x.clone()
             side = torch.cuda.Stream(x.device)
             side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side), torch.no_grad():  # a constant to small_map_conv
+            with torch.cuda.stream(side):
                 for _ in range(2):  # warm-up: builds derived weights, loads kernels
                     self._fused_forward(static_x)
             torch.cuda.current_stream(x.device).wait_stream(side)

@@ -86,8 +86,7 @@ at::Tensor scaled(at::Tensor const& t, at::Tensor const& scale_f, int dev) {
   auto out = at::empty_like(in);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
   C10_CUDA_CHECK(launch_scaled_copy(in.data_ptr(), elem_of(in.scalar_type()), in.numel(), scale_f.data_ptr<float>(),
-                                      out.data_ptr(), weight_grad_blocks(in.numel(), multiprocessor_count(dev)),
-                                      stream));
+                                    out.data_ptr(), weight_grad_blocks(in.numel(), multiprocessor_count(dev)), stream));
   return out;
 }
 

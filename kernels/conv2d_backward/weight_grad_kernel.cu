@@ -106,7 +106,7 @@ cudaError_t launch_wgrad_epilogue(WgradEpilogueArgs const& a, int blocks, cudaSt
 }
 
 cudaError_t launch_scaled_copy(void const* w, Elem type, int64_t n, float const* scale, void* out, int blocks,
-                                 cudaStream_t stream) {
+                               cudaStream_t stream) {
   return type == Elem::kF16 ? launch_scaled_typed<__half>(w, n, scale, out, blocks, stream)
                             : launch_scaled_typed<__nv_bfloat16>(w, n, scale, out, blocks, stream);
 }

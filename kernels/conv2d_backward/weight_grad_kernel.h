@@ -38,7 +38,7 @@ cudaError_t launch_wgrad_epilogue(WgradEpilogueArgs const& a, int blocks, cudaSt
 
 // out[i] = round(float(w[i]) * *scale) in w's type (fp16/bf16).
 cudaError_t launch_scaled_copy(void const* w, Elem type, int64_t n, float const* scale, void* out,
-                                 int blocks, cudaStream_t stream);
+                               int blocks, cudaStream_t stream);
 
 }  // namespace conv2d_backward
 }  // namespace cutlass_ops

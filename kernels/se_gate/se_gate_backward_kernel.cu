@@ -31,7 +31,9 @@ __device__ void reduce_partials(float* scratch, float const (&acc)[kVec], float*
   __syncthreads();  // scratch is free again
 }
 
-// One CTA per image, streaming: 3 CTAs of 256 threads per SM (no spills) keep the loads in flight.
+// One CTA per image, streaming: 4 CTAs of 256 threads per SM keep the loads in flight and
+// hold N=512 images in one wave on an H100 (64 registers, 16 bytes spilled; with 3 per SM, 80
+// registers, block 0's pass took 36.8 instead of 28.6 us at N=512).
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 4) se_gate_backward_reduce_kernel(SeGateBackwardArgs a) {
   wait_for_previous_grid();

@@ -144,7 +144,8 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
   // every tensor they touch was allocated before the fork and is freed after the join.
   // Eager calls stay on one stream: there the fork costs more host time than it saves.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TORCH_CHECK(cudaStreamIsCapturing(stream.stream(), &capture) == cudaSuccess, "se_gate_backward: cudaStreamIsCapturing failed");
+  TORCH_CHECK(cudaStreamIsCapturing(stream.stream(), &capture) == cudaSuccess,
+              "se_gate_backward: cudaStreamIsCapturing failed");
   bool const fork = capture == cudaStreamCaptureStatusActive;
   c10::cuda::CUDAStream const sums_stream = fork ? c10::cuda::getStreamFromPool(false, dev) : stream;
   at::cuda::CUDAEvent vectors_ready, sums_done;
