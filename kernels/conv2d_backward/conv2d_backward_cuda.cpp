@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/cuda_device.h"
+#include "common/kernel_table.h"
 #include "conv2d_backward/conv2d_backward_dispatch.h"
 #include "conv2d_backward/conv2d_backward_op.h"
 #include "conv2d_backward/weight_grad_kernel.h"
@@ -184,13 +185,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
   return {dw.permute({0, 3, 1, 2}), dot};
 }
 
-std::vector<std::string> kernel_names() {
-  std::vector<std::string> names;
-  for (int i = 0; i < kNumKernels; ++i) {
-    if (kKernels[i].run != nullptr) names.emplace_back(kKernels[i].name);
-  }
-  return names;
-}
+std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kNumKernels); }
 
 }  // namespace conv2d_backward
 }  // namespace cutlass_ops

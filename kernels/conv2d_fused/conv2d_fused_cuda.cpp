@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/cuda_device.h"
+#include "common/kernel_table.h"
 #include "conv2d_fused/conv2d_fused_dispatch.h"
 #include "conv2d_fused/conv2d_fused_op.h"
 
@@ -105,13 +106,7 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   return output;
 }
 
-std::vector<std::string> kernel_names() {
-  std::vector<std::string> names;
-  for (int i = 0; i < kNumKernels; ++i) {
-    if (kKernels[i].run != nullptr) names.emplace_back(kKernels[i].name);
-  }
-  return names;
-}
+std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kNumKernels); }
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

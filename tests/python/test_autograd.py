@@ -241,3 +241,28 @@ def test_training_step_in_a_cuda_graph_matches_eager():
     for n, p in model.named_parameters():
         rel, _ = errors(captured[n], p.grad)
         assert rel < 1e-5, (n, rel)
+
+
+def test_wgrads_finish_late_only_for_single_use_leaves_without_grad_or_hooks():
+    # A captured backward lets a wgrad finish at the end of the pass only when nothing reads
+    # its gradient before then (autograd.stored_as_is): guard every case that would.
+    from cutlass_ops.autograd import single_use_declared, stored_as_is, weights_used_once
+    w = torch.nn.Parameter(torch.randn(3))
+    assert stored_as_is(None, used_once=False)  # no such gradient
+    assert stored_as_is(w, used_once=True)
+    assert not stored_as_is(w, used_once=False)  # maybe used twice: the two gradients get added
+    w.grad = torch.zeros(3)
+    assert not stored_as_is(w, used_once=True)  # accumulated into .grad by a kernel
+    w.grad = None
+    hook = w.register_hook(lambda grad: grad)
+    assert not stored_as_is(w, used_once=True)  # a tensor hook reads it
+    hook.remove()
+    hook = w.register_post_accumulate_grad_hook(lambda p: None)
+    assert not stored_as_is(w, used_once=True)
+    hook.remove()
+    assert stored_as_is(w, used_once=True)
+    assert not stored_as_is(w * 2, used_once=True)  # not a leaf (an autocast copy): a cast reads it
+    assert not single_use_declared()
+    with weights_used_once():
+        assert single_use_declared()
+    assert not single_use_declared()
