@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/grid_size.h"
 #include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 
@@ -93,8 +94,7 @@ cudaError_t launch_scaled_typed(void const* w, int64_t n, float const* scale, vo
 
 int weight_grad_blocks(int64_t n, int num_sms) {
   int64_t const needed = (n + 4 * kThreads - 1) / (4 * kThreads);  // ~4 elements per thread
-  int64_t const cap = 4LL * num_sms;
-  return int(needed < 1 ? 1 : (needed < cap ? needed : cap));
+  return clamp_grid(needed, 4LL * num_sms);
 }
 
 cudaError_t launch_wgrad_epilogue(WgradEpilogueArgs const& a, int blocks, cudaStream_t stream) {

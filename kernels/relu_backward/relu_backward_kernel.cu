@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "common/grid_size.h"
 #include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 
@@ -61,8 +62,7 @@ cudaError_t launch_typed(ReluBackwardArgs const& a, int blocks, cudaStream_t str
 int relu_backward_blocks(long long numel, int num_sms) {
   // Enough blocks to fill the GPU a few times over, no more (each writes a partial sum).
   long long const needed = (numel + 8LL * kThreads - 1) / (8LL * kThreads);
-  long long const cap = 4LL * num_sms;
-  return int(needed < 1 ? 1 : (needed < cap ? needed : cap));
+  return clamp_grid(needed, 4LL * num_sms);
 }
 
 cudaError_t launch_relu_backward(ReluBackwardArgs const& a, int blocks, cudaStream_t stream) {

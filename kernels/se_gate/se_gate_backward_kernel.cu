@@ -1,5 +1,6 @@
 #include "se_gate/se_gate_backward_kernel.h"
 
+#include "common/grid_size.h"
 #include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 #include "common/programmatic_launch.cuh"
@@ -493,7 +494,7 @@ int se_gate_backward_input_blocks(int N, int H, int W, int C, int num_sms) {
   long long const blocks = (chunks + kThreads - 1) / kThreads;
   // Grid-stride beyond 8 CTAs per SM (full occupancy): more blocks only lengthen the tail,
   // where the last block adds every block's partial sum.
-  return int(blocks < 1 ? 1 : (blocks < 8LL * num_sms ? blocks : 8LL * num_sms));
+  return clamp_grid(blocks, 8LL * num_sms);
 }
 
 size_t se_gate_backward_smem_bytes(int C, int R, int images_per_cta) {

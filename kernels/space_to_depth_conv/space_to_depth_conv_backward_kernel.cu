@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "common/grid_size.h"
 #include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
 #include "space_to_depth_conv/space_to_depth_patches.cuh"
@@ -193,8 +194,7 @@ cudaError_t launch_for_k(WeightGradArgs const& a, int blocks, cudaStream_t strea
 int weight_grad_blocks(int N, int H, int W, int num_sms) {
   // Two CTAs per SM (each a row of partials: 12 KB for K=64, C=3), fewer for small inputs.
   long long const tiles = ((long long)N * (H / kBlock) * (W / kBlock) + kPixels - 1) / kPixels;
-  long long const cap = 2LL * num_sms;
-  return int(tiles < 1 ? 1 : (tiles < cap ? tiles : cap));
+  return clamp_grid(tiles, 2LL * num_sms);
 }
 
 cudaError_t launch_space_to_depth_conv_weight_grad(WeightGradArgs const& a, int blocks, cudaStream_t stream) {
