@@ -37,3 +37,17 @@ foreach(_lib IN LISTS _torch_libs)
   find_library(TORCH_LIB_${_lib} ${_lib} PATHS "${TORCH_DIR}/lib" NO_DEFAULT_PATH REQUIRED)
   target_link_libraries(cutlass_ops_torch INTERFACE "${TORCH_LIB_${_lib}}")
 endforeach()
+
+# Only torch's c10/cuda headers may be used from the op sources: ATen/cuda/* include
+# cusparse.h and cublas headers, which ship with torch's pip packages, not with every CUDA
+# toolkit, so such an include breaks the build on a fresh machine.  Fail here, naming the file.
+file(GLOB_RECURSE _op_sources "${CMAKE_SOURCE_DIR}/kernels/*.cpp" "${CMAKE_SOURCE_DIR}/kernels/*.h"
+     "${CMAKE_SOURCE_DIR}/kernels/*.cu" "${CMAKE_SOURCE_DIR}/kernels/*.cuh")
+foreach(_source IN LISTS _op_sources)
+  file(STRINGS "${_source}" _aten_cuda REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]ATen/cuda/")
+  if(_aten_cuda)
+    message(FATAL_ERROR "cutlass_ops: ${_source} includes ATen/cuda (${_aten_cuda}); those headers "
+            "need cusparse.h, which a plain CUDA toolkit lacks. Use c10/cuda/* or the CUDA runtime "
+            "(e.g. kernels/common/stream_order.h instead of at::cuda::CUDAEvent).")
+  endif()
+endforeach()

@@ -1,7 +1,6 @@
 // CUDA implementations of cutlass_ops::se_gate (kernel in se_gate_kernel.cu) and
 // se_gate_backward (se_gate_backward_kernel.cu).
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -9,6 +8,7 @@
 #include <cstdint>
 
 #include "common/cuda_device.h"
+#include "common/stream_order.h"
 #include "se_gate/se_gate_backward_kernel.h"
 #include "se_gate/se_gate_kernel.h"
 #include "se_gate/se_gate_op.h"
@@ -148,19 +148,12 @@ SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::
               "se_gate_backward: cudaStreamIsCapturing failed");
   bool const fork = capture == cudaStreamCaptureStatusActive;
   c10::cuda::CUDAStream const sums_stream = fork ? c10::cuda::getStreamFromPool(false, dev) : stream;
-  at::cuda::CUDAEvent vectors_ready, sums_done;
-  if (fork) {
-    vectors_ready.record(stream);
-    vectors_ready.block(sums_stream);
-  }
+  if (fork) stream_wait_for(sums_stream.stream(), stream.stream());
   err = launch_se_gate_param_grads(p, chunks, sums_stream.stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
   err = launch_se_gate_backward_input(a, num_sms, stream.stream());
   TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
-  if (fork) {
-    sums_done.record(sums_stream);
-    sums_done.block(stream);
-  }
+  if (fork) stream_wait_for(stream.stream(), sums_stream.stream());
   return {grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post_bias, grad_h_bias};
 }
 
