@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-RESNET_BATCHES = [1, 32, 128, 512, 2048]
+RESNET_BATCHES = [1, 128, 512, 2048]
 
 
 def _dtype(name: str):
@@ -61,15 +61,7 @@ def cmd_bench(args) -> int:
     if args.what == "resnet":
         return bench_resnet_cmd(args)
     if args.what == "train":
-        from .train_bench import TRAIN_SYSTEMS, bench_train, print_train_table
-        result = bench_train(args.batch if args.batch != RESNET_BATCHES else [512, 2048],
-                             _dtype(args.dtype or "fp16"), args.in_channels,
-                             systems=args.systems or TRAIN_SYSTEMS, iters=min(args.iters, 20),
-                             progress=lambda m: print(m, file=sys.stderr, flush=True))
-        result["environment"] = environment()
-        print_train_table(result)
-        write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/train.json"), result)
-        return 0
+        return bench_train_cmd(args)
     if args.what == "giou":
         from .giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
@@ -89,23 +81,54 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def bench_resnet_cmd(args) -> int:
-    from .bench import bench_resnet, environment, plot_resnet, print_resnet_table, write_json
-    dtype = _dtype(args.dtype or "fp16")
-    systems = args.systems or None
-    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
-    result = bench_resnet(args.batch, dtype, args.in_channels,
-                          **({"systems": systems} if systems else {}), iters=args.iters, rounds=args.rounds,
-                          progress=lambda m: print(m, file=sys.stderr, flush=True))
-    result["environment"] = environment()
-    if args.merge and out.exists():  # runs split over several calls: add rows, keep the rest
+def _merged(result: dict, out: Path, merge: bool) -> dict:
+    """With --merge: the rows of an earlier run's JSON at `out` added to this run's (one
+    batch size per call when a run would not fit one call); this run's rows win."""
+    if merge and out.exists():
         old = json.loads(out.read_text())
         new_n = {r["n"] for r in result["rows"]}
         result["rows"] = sorted([r for r in old["rows"] if r["n"] not in new_n] + result["rows"],
                                 key=lambda r: r["n"])
+    return result
+
+
+def _timing_args(args) -> dict:
+    return {"calls": args.calls, "reps": args.reps, "latency_iters": args.latency_iters, "rounds": args.rounds,
+            "progress": lambda m: print(m, file=sys.stderr, flush=True)}
+
+
+def bench_resnet_cmd(args) -> int:
+    from .bench import bench_resnet, environment, plot_resnet, print_resnet_table, write_json
+    dtype = _dtype(args.dtype or "fp16")
+    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
+    timing = _timing_args(args)
+    if args.calls is None:
+        timing["calls"] = 200
+    result = bench_resnet(args.batch, dtype, args.in_channels,
+                          **({"systems": args.systems} if args.systems else {}), **timing)
+    result["environment"] = environment()
+    result = _merged(result, out, args.merge)
     print_resnet_table(result)
     write_json(out, result)
     plot_resnet(result, out.with_suffix(".png"))
+    return 0
+
+
+def bench_train_cmd(args) -> int:
+    from .bench import environment, write_json
+    from .train_bench import TRAIN_SYSTEMS, bench_train, plot_train, print_train_table
+    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/train.json")
+    timing = _timing_args(args)
+    if args.calls is None:
+        timing["calls"] = 50  # steps of 1-7 ms: 50 back-to-back steps are plenty per sample
+    result = bench_train(args.batch if args.batch != RESNET_BATCHES else [512, 2048],
+                         _dtype(args.dtype or "fp16"), args.in_channels,
+                         systems=args.systems or TRAIN_SYSTEMS, **timing)
+    result["environment"] = environment()
+    result = _merged(result, out, args.merge)
+    print_train_table(result)
+    write_json(out, result)
+    plot_train(result, out.with_suffix(".png"))
     return 0
 
 
@@ -165,20 +188,28 @@ def main(argv=None) -> int:
                         "torch.compile, with peak memory (dgrad/wgrad vs cuDNN per conv: "
                         "`profile --backward`)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
-                   help="resnet: batch sizes (default 1 32 128 512 2048); train: default 512 2048")
+                   help="resnet: batch sizes (default 1 128 512 2048); train: default 512 2048")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
-    b.add_argument("--systems", nargs="+", default=None, help="resnet/train: subset of systems to time")
+    b.add_argument("--systems", nargs="+", default=None,
+                   help="resnet/train: subset of systems to time (names as printed; unknown names list the choices)")
     b.add_argument("--merge", action="store_true",
-                   help="resnet: merge the rows into an existing --out JSON (split long runs)")
+                   help="resnet/train: merge the rows into an existing --out JSON (split long runs)")
+    b.add_argument("--calls", type=int, default=None,
+                   help="resnet/train throughput metric: back-to-back calls between two CUDA events "
+                        "(default 200 for resnet, 50 training steps for train)")
+    b.add_argument("--reps", type=int, default=5,
+                   help="resnet/train throughput metric: repeats of the back-to-back run, median (default 5)")
+    b.add_argument("--latency-iters", type=int, default=50,
+                   help="resnet/train latency metric: synchronized single calls per round, median (default 50)")
     b.add_argument("--n", type=int, default=128, help="batch size (default 128)")
     b.add_argument("--c", type=int, default=64, help="input channels (default 64)")
     b.add_argument("--k", type=int, default=64, help="output channels (default 64)")
     b.add_argument("--hw", type=int, default=16, help="height = width (default 16)")
     b.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
                    help="conv/resnet: fp16 (default) or bf16; giou: box dtype (default fp32)")
-    b.add_argument("--iters", type=int, default=100, help="timed iterations (median reported)")
+    b.add_argument("--iters", type=int, default=100, help="conv/giou: timed iterations (median reported)")
     b.add_argument("--rounds", type=int, default=3,
-                   help="resnet: time every system this many times, interleaved; report the median "
+                   help="resnet/train: time every system this many times, interleaved; report the median "
                         "of the rounds' medians (default 3)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")

@@ -21,12 +21,21 @@ from .ops import conv2d_fused
 
 def environment() -> dict:
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "triton": _version("triton"),
            "cutlass_ops_build": build_info(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, sm=f"{p.major}{p.minor}", sms=p.multi_processor_count,
                    cudnn=torch.backends.cudnn.version())
     return env
+
+
+def _version(package: str):
+    try:
+        from importlib.metadata import version
+        return version(package)
+    except Exception:  # noqa: BLE001 - not installed
+        return None
 
 
 def time_cuda(fn: Callable[[], object], warmup: int = 20, iters: int = 100) -> dict:
@@ -125,11 +134,129 @@ def print_table(result: dict) -> None:
         print(f"{name:48s} {r['median_ms']:10.4f} {r['tflops']:8.1f} {r['median_ms'] / fused:8.2f}x")
 
 
+# ---- Measuring a set of systems: throughput, latency, device time ---------------------------
+#
+# Every system is timed the two ways users run a model, side by side:
+#   throughput: K back-to-back calls between two CUDA events, no sync inside (a pipelined
+#               user: host work overlaps the GPU's), per call; median of `reps` repeats;
+#   latency:    one call between two events, synchronized after each (a user waiting for
+#               each answer: host work before the launch counts); median of the calls;
+# and the device time: the profiler's sum of the kernels one call launches (what the GPU
+# itself spends; neither host work nor launch gaps).  The systems are timed in `rounds`
+# interleaved rounds (A, B, ..., then again), so drift in clocks or in the machine affects
+# all alike; each metric's result is the median of the rounds' medians.
+
+METRICS = ("throughput_ms", "latency_ms", "device_ms")
+METRIC_NAMES = {"throughput_ms": "throughput", "latency_ms": "latency", "device_ms": "device time"}
+
+
+def time_throughput(fn: Callable[[], object], calls: int = 200, reps: int = 5) -> list[float]:
+    """Milliseconds per call of `calls` back-to-back calls between two CUDA events, for each
+    of `reps` repeats."""
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / calls)
+    return out
+
+
+def device_time(fn: Callable[[], object], repeat: int = 10) -> dict:
+    """Kernel-time sum (ms) and kernel count of one call of fn, from torch.profiler."""
+    kernels = kernel_times(fn, repeat=repeat)
+    return {"device_ms": sum(us for _, us in kernels) / 1e3, "kernels": len(kernels)}
+
+
+def measure_systems(setups: dict, rounds: int = 3, calls: int = 200, reps: int = 5,
+                    latency_iters: int = 50, warmup: int = 3, progress=print, label: str = "") -> dict:
+    """Set up each system (`setups`: name -> zero-argument function returning the callable
+    to time; compile, autotune and capture happen there and in the first calls, timed as
+    setup_s), then time all of them in interleaved rounds in the three metrics.  A system
+    whose setup or run fails is reported with its error instead of stopping the others."""
+    fns, results = {}, {}
+    for name, setup in setups.items():
+        progress(f"  {label}{name}: set up ...")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        try:
+            fn = setup()
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported in the results, the others still run
+            results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+            progress(f"  {label}{name}: FAILED: {results[name]['error']}")
+            continue
+        fns[name] = fn
+        results[name] = {"setup_s": time.perf_counter() - t0,
+                         "peak_mem_mib": (torch.cuda.max_memory_allocated() - base) / 2**20}
+    rounds_tp = {name: [] for name in fns}
+    rounds_lat = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            progress(f"  {label}{name}: round {r + 1}/{rounds} ...")
+            rounds_tp[name].append(statistics.median(time_throughput(fn, calls, reps)))
+            rounds_lat[name].append(time_cuda(fn, warmup=1, iters=latency_iters)["median_ms"])
+    for name, fn in fns.items():
+        res = results[name]
+        res.update(throughput_ms=statistics.median(rounds_tp[name]), throughput_round_ms=rounds_tp[name],
+                   latency_ms=statistics.median(rounds_lat[name]), latency_round_ms=rounds_lat[name],
+                   calls=calls, reps=reps, latency_iters=latency_iters * rounds)
+        res.update(device_time(fn))
+    return results
+
+
+def is_ours(system: str) -> bool:
+    return system.startswith("Fused")
+
+
+def ratios(results: dict) -> dict:
+    """Per metric: our best system against the best peer in that same metric."""
+    out = {}
+    for metric in METRICS:
+        timed = {s: r[metric] for s, r in results.items() if metric in r}
+        ours = {s: t for s, t in timed.items() if is_ours(s)}
+        peers = {s: t for s, t in timed.items() if not is_ours(s)}
+        if not ours or not peers:
+            continue
+        o, p = min(ours, key=ours.get), min(peers, key=peers.get)
+        out[metric] = {"ours": o, "ours_ms": ours[o], "peer": p, "peer_ms": peers[p],
+                       "ratio": ours[o] / peers[p]}
+    return out
+
+
+def print_systems(results: dict, indent: str = "  ") -> None:
+    """One line per system (throughput, latency, device time, setup) and the ratios."""
+    print(f"{indent}{'system':58s} {'throughput':>10s} {'latency':>9s} {'device':>8s} {'kernels':>7s} "
+          f"{'setup s':>8s} {'peak MiB':>9s}")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{indent}{name:58s} failed: {r['error']}")
+            continue
+        print(f"{indent}{name:58s} {r['throughput_ms']:10.4f} {r['latency_ms']:9.4f} {r['device_ms']:8.4f} "
+              f"{r['kernels']:7d} {r['setup_s']:8.1f} {r['peak_mem_mib']:9.1f}")
+    for metric, q in ratios(results).items():
+        print(f"{indent}{METRIC_NAMES[metric]:>11s}: {q['ours']} {q['ours_ms']:.4f} ms / {q['peer']} "
+              f"{q['peer_ms']:.4f} ms = {q['ratio']:.2f}x")
+
+
 # ---- FusedResNet ------------------------------------------------------------------------------
 
+# torch.compile's modes as their users run them: "max-autotune" captures its own CUDA graphs
+# (cudagraph trees); "max-autotune-no-cudagraphs" compiled code captured in one CUDA graph
+# by hand (less host work per call than the graph trees' bookkeeping).
 RESNET_SYSTEMS = ("FusedResNet", "FusedResNet graph=True", "eager NCHW",
-                  "eager channels_last + CUDA graph", "TorchScript NCHW", "torch.compile default",
-                  "torch.compile max-autotune", "torch.compile max-autotune channels_last")
+                  "eager channels_last + CUDA graph", "torch.compile max-autotune",
+                  "torch.compile max-autotune channels_last",
+                  "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph")
+RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default")
 
 
 def resnet_work(n: int, in_channels: int = 3) -> dict:
@@ -196,20 +323,28 @@ def resnet_reference(in_channels: int = 3, dtype=torch.float16, seed: int = 0):
     return ref.cuda().to(dtype)
 
 
-def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_channels=3,
-                 systems=RESNET_SYSTEMS, iters=50, rounds=3, progress=print) -> dict:
-    """Every system timed `rounds` times, interleaved (system A, B, ..., then again), so
-    that drift in clocks or in the machine affects all of them alike; the reported median
-    is the median of the rounds' medians (each round's median is kept too)."""
+def gpu_peaks() -> dict:
+    """Datasheet dense fp16 tensor-core peak and HBM bandwidth of the GPU (SXM parts)."""
+    name = torch.cuda.get_device_name()
+    return {"tflops_dense_fp16_datasheet": 989.0, "hbm_tb_s_datasheet": 4.8 if "H200" in name else 3.35}
+
+
+def bench_resnet(batch_sizes=(128, 512, 2048), dtype=torch.float16, in_channels=3,
+                 systems=RESNET_SYSTEMS, calls=200, reps=5, latency_iters=50, rounds=3,
+                 progress=print) -> dict:
+    """FusedResNet's forward (inference, no grad) against the peers, per batch size, in the
+    three metrics (measure_systems)."""
     from .fused_resnet import FusedResNet
     from .models import SEResNet9FixUp
+    unknown = [s for s in systems if s not in RESNET_SYSTEMS + RESNET_OPTIONAL_SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; choose from {list(RESNET_SYSTEMS + RESNET_OPTIONAL_SYSTEMS)}")
     ref = resnet_reference(in_channels, dtype).eval()
     ref_cl = SEResNet9FixUp(in_channels).cuda().to(dtype).eval().to(memory_format=torch.channels_last)
     ref_cl.load_state_dict(ref.state_dict())
     fused = FusedResNet.from_reference(ref).eval()
     fused_graph = FusedResNet.from_reference(ref, graph=True).eval()
-    peak = {"tflops_dense_fp16_datasheet": 989.0,
-            "hbm_tb_s_datasheet": 4.8 if "H200" in torch.cuda.get_device_name() else 3.35}
+    peak = gpu_peaks()
     rows = []
     for n in batch_sizes:
         x = torch.randn(n, in_channels, 64, 64, device="cuda", dtype=dtype)
@@ -221,34 +356,34 @@ def bench_resnet(batch_sizes=(1, 32, 128, 512, 2048), dtype=torch.float16, in_ch
         work = resnet_work(n, in_channels)
         with torch.no_grad():  # as inference runs (with grad on, a b1a negation kernel is added)
             breakdown = kernel_times(lambda: fused(x))
+            setups = {name: (lambda name=name: _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl))
+                      for name in systems}
+            results = measure_systems(setups, rounds=rounds, calls=calls, reps=reps,
+                                      latency_iters=latency_iters, progress=progress, label=f"N={n}: ")
         row = {"n": n, "fused_vs_eager_rel_error": rel, "work": work,
                "fused_kernels_per_forward": len(breakdown), "fused_kernel_us": breakdown,
-               "results": {}}
-        fns, timings = {}, {name: [] for name in systems}
-        with torch.no_grad():
-            for name in systems:
-                progress(f"  N={n}: {name} (set up) ...")
-                fns[name] = _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl)
-            for r in range(rounds):
-                for name in systems:
-                    progress(f"  N={n}: {name} (round {r + 1}/{rounds}) ...")
-                    timings[name].append(time_cuda(fns[name], warmup=5, iters=iters))
-        for name, ts in timings.items():
-            medians = [t["median_ms"] for t in ts]
-            row["results"][name] = {"median_ms": statistics.median(medians), "round_medians_ms": medians,
-                                    "min_ms": min(t["min_ms"] for t in ts),
-                                    "max_ms": max(t["max_ms"] for t in ts), "iters": iters * rounds}
-        del fns
-        fused_ms = min(row["results"][s]["median_ms"] for s in ("FusedResNet", "FusedResNet graph=True")
-                       if s in row["results"])
-        row["fused_best_ms"] = fused_ms
-        row["fused_tflops"] = work["flops"] / (fused_ms * 1e-3) / 1e12
-        row["fused_tb_s"] = work["bytes"] / (fused_ms * 1e-3) / 1e12
-        row["fraction_of_tensor_peak"] = row["fused_tflops"] / peak["tflops_dense_fp16_datasheet"]
-        row["fraction_of_hbm_peak"] = row["fused_tb_s"] / peak["hbm_tb_s_datasheet"]
+               "results": results, "ratios": ratios(results)}
+        tp = row["ratios"].get("throughput_ms")
+        if tp:
+            ms = tp["ours_ms"]
+            row["fused_tflops"] = work["flops"] / (ms * 1e-3) / 1e12
+            row["fused_tb_s"] = work["bytes"] / (ms * 1e-3) / 1e12
+            row["fraction_of_tensor_peak"] = row["fused_tflops"] / peak["tflops_dense_fp16_datasheet"]
+            row["fraction_of_hbm_peak"] = row["fused_tb_s"] / peak["hbm_tb_s_datasheet"]
         rows.append(row)
         torch._dynamo.reset()
-    return {"dtype": str(dtype)[6:], "in_channels": in_channels, "peaks": peak, "rows": rows}
+    return {"dtype": str(dtype)[6:], "in_channels": in_channels, "peaks": peak,
+            "timing": {"throughput": f"{calls} back-to-back calls between two CUDA events, median of {reps}",
+                       "latency": f"one synchronized call between two CUDA events, median of {latency_iters}",
+                       "device_time": "torch.profiler kernel sum of one call (memcpy/memset excluded)",
+                       "rounds": f"{rounds} interleaved rounds, median of the rounds' medians"},
+            "rows": rows}
+
+
+def hand_graphed_compile(fn: Callable[[], object], mode: str = "max-autotune-no-cudagraphs"):
+    """fn compiled with torch.compile(mode) and captured in one CUDA graph by hand."""
+    compiled = torch.compile(fn, mode=mode)
+    return graphed(compiled)
 
 
 def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
@@ -272,7 +407,28 @@ def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
     if name == "torch.compile max-autotune channels_last":  # the model and input as cuDNN likes them
         c = torch.compile(ref_cl, mode="max-autotune")
         return lambda: c(x_cl)
-    raise ValueError(f"unknown system {name!r}; choose from {RESNET_SYSTEMS}")
+    if name == "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph":
+        return hand_graphed_compile(lambda: ref_cl(x_cl))
+    raise ValueError(f"unknown system {name!r}; choose from {RESNET_SYSTEMS + RESNET_OPTIONAL_SYSTEMS}")
+
+
+def print_resnet_table(result: dict) -> None:
+    print(f"FusedResNet forward (inference), {result['dtype']}, C_in={result['in_channels']}, "
+          f"{result.get('environment', {}).get('gpu', '')}")
+    for k, v in result.get("timing", {}).items():
+        print(f"  {k}: {v}")
+    print("  ms per call; ratio = our best / the best peer in the same metric")
+    for row in result["rows"]:
+        print(f"N={row['n']}  (rel. error vs eager {row['fused_vs_eager_rel_error']:.1e})")
+        print_systems(row["results"])
+        if "fused_tflops" in row:
+            print(f"  at our best throughput: {row['fused_tflops']:.0f} TFLOP/s "
+                  f"({100 * row['fraction_of_tensor_peak']:.1f}% of dense fp16 peak), {row['fused_tb_s']:.2f} TB/s "
+                  f"({100 * row['fraction_of_hbm_peak']:.1f}% of HBM peak)")
+    row = max(result["rows"], key=lambda r: r["n"] == 128)
+    print(f"per-kernel device time of one FusedResNet forward, N={row['n']} (µs, torch.profiler):")
+    for name, us in row.get("fused_kernel_us", []):
+        print(f"  {us:8.1f}  {name}")
 
 
 def _systems(rows) -> list:
@@ -280,52 +436,35 @@ def _systems(rows) -> list:
     return list(dict.fromkeys(s for row in rows for s in row["results"]))
 
 
-def best_max_autotune_ms(row: dict):
-    """The faster torch.compile max-autotune variant (NCHW or channels_last) in a row."""
-    times = [r["median_ms"] for s, r in row["results"].items() if s.startswith("torch.compile max-autotune")]
-    return min(times) if times else None
-
-
-def print_resnet_table(result: dict) -> None:
-    systems = _systems(result["rows"])
-    print(f"FusedResNet benchmark, {result['dtype']}, C_in={result['in_channels']}: median ms (CUDA events)")
-    # Column heads shortened ("compile" = torch.compile, "CL" = channels_last); the last
-    # column: FusedResNet's better time / the better torch.compile max-autotune.
-    heads = [s.replace("torch.compile ", "compile ").replace("channels_last", "CL")[:24] for s in systems]
-    print(f"{'N':>5s} " + " ".join(f"{h:>24s}" for h in heads) + f" {'fused/best-MA':>14s}")
-    for row in result["rows"]:
-        r = row["results"]
-        best_ma = best_max_autotune_ms(row)
-        ratio = f"{row['fused_best_ms'] / best_ma:.2f}x" if best_ma else ""
-        print(f"{row['n']:5d} " + " ".join(f"{r[s]['median_ms']:24.4f}" if s in r else f"{'-':>24s}"
-                                           for s in systems) + f" {ratio:>14s}")
-    for row in result["rows"]:
-        print(f"N={row['n']}: {row['fused_kernels_per_forward']} kernels/forward, "
-              f"{row['fused_tflops']:.0f} TFLOP/s ({100 * row['fraction_of_tensor_peak']:.1f}% of dense fp16 peak), "
-              f"{row['fused_tb_s']:.2f} TB/s ({100 * row['fraction_of_hbm_peak']:.1f}% of HBM peak), "
-              f"rel. error vs eager {row['fused_vs_eager_rel_error']:.1e}")
-    row = max(result["rows"], key=lambda r: r["n"] == 128)
-    print(f"per-kernel device time of one FusedResNet forward, N={row['n']} (µs, torch.profiler):")
-    for name, us in row.get("fused_kernel_us", []):
-        print(f"  {us:8.1f}  {name}")
-
-
-def plot_resnet(result: dict, path: Path) -> None:
+def plot_systems(rows: list, title: str, path: Path) -> None:
+    """Bars per batch size: throughput and latency (ms) of every system, ours in green."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = result["rows"]
     systems = _systems(rows)
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows) + 1, 5), squeeze=False)
+    width = 0.4
     for ax, row in zip(axes[0], rows):
-        ms = [row["results"][s]["median_ms"] if s in row["results"] else 0.0 for s in systems]
-        colors = ["tab:green" if s.startswith("Fused") else "tab:gray" for s in systems]
-        ax.bar(range(len(systems)), ms, color=colors)
-        ax.set_xticks(range(len(systems)), systems, rotation=70, ha="right", fontsize=7)
+        res = row["results"]
+        xs = range(len(systems))
+        for j, (metric, hatch) in enumerate((("throughput_ms", ""), ("latency_ms", "//"))):
+            ms = [res.get(s, {}).get(metric, 0.0) for s in systems]
+            colors = ["tab:green" if is_ours(s) else "tab:gray" for s in systems]
+            ax.bar([i + (j - 0.5) * width for i in xs], ms, width, color=colors, hatch=hatch,
+                   edgecolor="black", linewidth=0.3, label=METRIC_NAMES[metric])
+        ax.set_xticks(list(xs), [s.replace("torch.compile ", "compile ").replace("channels_last", "CL")
+                                 for s in systems], rotation=70, ha="right", fontsize=6)
         ax.set_title(f"N={row['n']}")
-        ax.set_ylabel("ms (median)")
-    env = result.get("environment", {})
-    fig.suptitle(f"SE-ResNet9-FixUp forward, {result['dtype']}, {env.get('gpu', '')}, torch {env.get('torch', '')}")
+        ax.set_ylabel("ms per call")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     print(f"wrote {path}", file=sys.stderr)
+
+
+def plot_resnet(result: dict, path: Path) -> None:
+    env = result.get("environment", {})
+    plot_systems(result["rows"], f"SE-ResNet9-FixUp forward, {result['dtype']}, {env.get('gpu', '')}, torch "
+                 f"{env.get('torch', '')}: throughput (plain) and latency (hatched)", path)
