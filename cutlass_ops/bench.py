@@ -173,44 +173,63 @@ def device_time(fn: Callable[[], object], repeat: int = 10) -> dict:
 
 
 def measure_systems(setups: dict, rounds: int = 3, calls: int = 200, reps: int = 5,
-                    latency_iters: int = 50, warmup: int = 3, progress=print, label: str = "") -> dict:
+                    latency_iters: int = 50, warmup: int = 3, progress=print, label: str = "",
+                    interleave: bool = True) -> dict:
     """Set up each system (`setups`: name -> zero-argument function returning the callable
     to time; compile, autotune and capture happen there and in the first calls, timed as
-    setup_s), then time all of them in interleaved rounds in the three metrics.  A system
-    whose setup or run fails is reported with its error instead of stopping the others."""
-    fns, results = {}, {}
-    for name, setup in setups.items():
+    setup_s), then time them in the three metrics, `rounds` times.  interleave=True: all
+    systems set up first, then timed in interleaved rounds.  interleave=False: each system
+    set up, timed in its rounds and released before the next is set up (training: a
+    torch.compile model's own CUDA graphs (cudagraph trees) left hand-captured graphs of
+    another model hanging or crashing at their next replay on torch 2.11).  A system whose
+    setup fails is reported with its error instead of stopping the others."""
+    results = {}
+
+    def set_up(name):
         progress(f"  {label}{name}: set up ...")
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         try:
-            fn = setup()
+            fn = setups[name]()
             for _ in range(warmup):
                 fn()
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - reported in the results, the others still run
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
             progress(f"  {label}{name}: FAILED: {results[name]['error']}")
-            continue
-        fns[name] = fn
+            return None
         results[name] = {"setup_s": time.perf_counter() - t0,
                          "peak_mem_mib": (torch.cuda.max_memory_allocated() - base) / 2**20}
-    rounds_tp = {name: [] for name in fns}
-    rounds_lat = {name: [] for name in fns}
-    for r in range(rounds):
+        return fn
+
+    def time_rounds(fns: dict):
+        tp = {name: [] for name in fns}
+        lat = {name: [] for name in fns}
+        for r in range(rounds):
+            for name, fn in fns.items():
+                progress(f"  {label}{name}: round {r + 1}/{rounds} ...")
+                tp[name].append(statistics.median(time_throughput(fn, calls, reps)))
+                lat[name].append(time_cuda(fn, warmup=1, iters=latency_iters)["median_ms"])
         for name, fn in fns.items():
-            progress(f"  {label}{name}: round {r + 1}/{rounds} ...")
-            rounds_tp[name].append(statistics.median(time_throughput(fn, calls, reps)))
-            rounds_lat[name].append(time_cuda(fn, warmup=1, iters=latency_iters)["median_ms"])
-    for name, fn in fns.items():
-        res = results[name]
-        res.update(throughput_ms=statistics.median(rounds_tp[name]), throughput_round_ms=rounds_tp[name],
-                   latency_ms=statistics.median(rounds_lat[name]), latency_round_ms=rounds_lat[name],
-                   calls=calls, reps=reps, latency_iters=latency_iters * rounds)
-        res.update(device_time(fn))
-    return results
+            results[name].update(throughput_ms=statistics.median(tp[name]), throughput_round_ms=tp[name],
+                                 latency_ms=statistics.median(lat[name]), latency_round_ms=lat[name],
+                                 calls=calls, reps=reps, latency_iters=latency_iters * rounds)
+            results[name].update(device_time(fn))
+
+    if interleave:
+        fns = {name: fn for name in setups if (fn := set_up(name)) is not None}
+        time_rounds(fns)
+    else:
+        for name in setups:
+            fn = set_up(name)
+            if fn is not None:
+                time_rounds({name: fn})
+            del fn
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+    return {name: results[name] for name in setups}
 
 
 def is_ours(system: str) -> bool:

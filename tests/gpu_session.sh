@@ -57,17 +57,19 @@ for step in ${STEPS:-}; do
   t0=$(date +%s)
   left=$(( DEADLINE - t0 )); limit=$(( left < ${STEP_TIMEOUT:-420} ? left : ${STEP_TIMEOUT:-420} ))
   [ "$limit" -gt 30 ] || { echo "bench $what N=$n: skipped, no time left"; continue; }
-  (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops bench "$what" --batch $n --merge \
+  (cd /tmp && timeout "$limit" "$PYTHON" -X faulthandler -P -m cutlass_ops bench "$what" --batch $n --merge \
      --out "$OUT/$what.json" ${BENCH_ARGS:-} 2> "$OUT/${what}_progress.log" > /tmp/bench_step.txt) \
-    || echo "bench $what N=$n: stopped (rc $?, timeout $limit s); last progress: $(tail -1 "$OUT/${what}_progress.log")"
+    || { echo "bench $what N=$n: stopped (rc $?, timeout $limit s); last progress:"; grep -v "^ *$" "$OUT/${what}_progress.log" | tail -${PROGRESS_TAIL:-3}; }
   grep -v "^ \{5,\}[0-9.]\+ \+_ZN7cutlass" /tmp/bench_step.txt | tee -a "$OUT/bench.txt"
   echo "== bench $what N=$n took $(( $(date +%s) - t0 )) s"
 done
 rm -f "$OUT"/*_progress.log
-# The device tool returns files of up to 16 MiB: without Triton's binaries if need be (the
-# FX-graph and autotune entries are what save the compile's minutes).
+# The device tool returns files of up to 16 MiB: the whole cache if it fits, else without
+# the compiled code (triton/, fxgraph/: rebuilt in seconds) but with the autotuning results
+# (what saves the compile's minutes).
 (cd "$TORCHINDUCTOR_CACHE_DIR" && tar -czf "$OUT/inductor_cache.tgz" --exclude=.from_carry . 2>/dev/null
  [ "$(stat -c %s "$OUT/inductor_cache.tgz")" -lt 16000000 ] \
-   || tar -czf "$OUT/inductor_cache.tgz" --exclude=.from_carry --exclude=./triton . 2>/dev/null)
+   || tar -czf "$OUT/inductor_cache.tgz" --exclude=.from_carry --exclude=./triton --exclude=./fxgraph . 2>/dev/null
+ [ "$(stat -c %s "$OUT/inductor_cache.tgz")" -lt 16000000 ] || rm -f "$OUT/inductor_cache.tgz")
 ls -la "$OUT"
 echo "== done in $(( $(date +%s) - start )) s"
