@@ -64,10 +64,10 @@ for step in ${STEPS:-}; do
   echo "== bench $what N=$n took $(( $(date +%s) - t0 )) s"
 done
 rm -f "$OUT"/*_progress.log
-# The device tool returns files of up to 16 MiB: the whole cache if it fits, else without
+# PACK_CACHE=1 (packing a GiB takes a minute): the device tool returns files of up to 16 MiB: the whole cache if it fits, else without
 # the compiled code (triton/, fxgraph/: rebuilt in seconds) but with the autotuning results
 # (what saves the compile's minutes).
-(cd "$TORCHINDUCTOR_CACHE_DIR" && tar -czf "$OUT/inductor_cache.tgz" --exclude=.from_carry . 2>/dev/null
+[ "${PACK_CACHE:-0}" = 1 ] && (cd "$TORCHINDUCTOR_CACHE_DIR" && tar -czf "$OUT/inductor_cache.tgz" --exclude=.from_carry . 2>/dev/null
  [ "$(stat -c %s "$OUT/inductor_cache.tgz")" -lt 16000000 ] \
    || tar -czf "$OUT/inductor_cache.tgz" --exclude=.from_carry --exclude=./triton --exclude=./fxgraph . 2>/dev/null
  [ "$(stat -c %s "$OUT/inductor_cache.tgz")" -lt 16000000 ] || rm -f "$OUT/inductor_cache.tgz")
