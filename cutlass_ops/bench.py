@@ -486,4 +486,4 @@ def plot_systems(rows: list, title: str, path: Path) -> None:
 def plot_resnet(result: dict, path: Path) -> None:
     env = result.get("environment", {})
     plot_systems(result["rows"], f"SE-ResNet9-FixUp forward, {result['dtype']}, {env.get('gpu', '')}, torch "
-                 f"{env.get('torch', '')}: throughput (plain) and latency (hatched)", path)
+                 f"{env.get('torch', '')}\nthroughput (plain) and latency (hatched)", path)

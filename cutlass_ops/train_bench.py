@@ -130,4 +130,4 @@ def print_train_table(result: dict) -> None:
 def plot_train(result: dict, path) -> None:
     env = result.get("environment", {})
     plot_systems(result["rows"], f"SE-ResNet9-FixUp training step, {result['dtype']}, {env.get('gpu', '')}, "
-                 f"torch {env.get('torch', '')}: throughput (plain) and latency (hatched)", path)
+                 f"torch {env.get('torch', '')}\nthroughput (plain) and latency (hatched)", path)
