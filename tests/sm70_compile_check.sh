@@ -4,7 +4,11 @@
 # CUDA 13 (/usr/local/cuda) dropped sm_70, so this uses Debian bookworm's CUDA 11.8
 # (non-free `nvidia-cuda-toolkit`, nvcc in /usr/bin) with g++-11: with gcc 12 its host pass
 # fails.  Nothing is run; no GPU needed.
-#   usage: tests/sm70_compile_check.sh [--install]   (--install: apt-get the toolchain; root)
+#   usage: tests/sm70_compile_check.sh [--install [--keep]]
+#   --install: apt-get the toolchain (root) when missing, and remove what it installed when
+#   done: its packages put CUDA 11.8's headers (cusparse.h among them) into /usr/include,
+#   where every later build would find them, so a second CI run on this machine would no
+#   longer test a clean one (issue 16).  --keep leaves them installed.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -17,6 +21,7 @@ have_toolchain() {
   [ -x "$NVCC" ] && "$NVCC" --version | grep -q 'release 11\.8' && command -v g++-11 >/dev/null
 }
 
+installed_by_us=
 if ! have_toolchain; then
   if [ "${1:-}" != --install ]; then
     echo "error: needs CUDA 11.8 nvcc at $NVCC and g++-11; rerun with --install (as root), i.e." >&2
@@ -32,15 +37,31 @@ if ! have_toolchain; then
       'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' > "$src"
     apt-get update -q
   fi
+  before=$(mktemp)
+  dpkg-query -W -f='${Package}\n' | sort > "$before"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
     nvidia-cuda-toolkit g++-11
+  installed_by_us=$(dpkg-query -W -f='${Package}\n' | sort | comm -13 "$before" -)
+  rm -f "$before"
+  if [ "${2:-}" != --keep ] && [ -n "$installed_by_us" ]; then
+    remove_toolchain() {
+      echo "== removing the $(echo "$installed_by_us" | wc -l) packages this check installed (--keep keeps them)"
+      # shellcheck disable=SC2086 # one package name per word
+      DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $installed_by_us > /dev/null
+    }
+    trap remove_toolchain EXIT
+  fi
   have_toolchain || { echo "error: CUDA 11.8 nvcc / g++-11 still missing after install" >&2; exit 2; }
 fi
 "$NVCC" --version | grep release
 
 CUTLASS=$("$PYTHON" -c 'import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))')/source
 OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+if [ -n "$installed_by_us" ] && [ "${2:-}" != --keep ]; then
+  trap 'rm -rf "$OUT"; remove_toolchain' EXIT
+else
+  trap 'rm -rf "$OUT"' EXIT
+fi
 PYTHONPATH="$REPO/python" "$PYTHON" -m cutlass_ops_gen --archs 70 --kernels all --out "$OUT/gen" \
   > "$OUT/gen.log" 2>&1 || { cat "$OUT/gen.log" >&2; exit 1; }
 tail -n 1 "$OUT/gen.log"
