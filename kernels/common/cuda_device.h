@@ -29,6 +29,13 @@ inline bool programmatic_launch_allowed(int device) {
   return compute_capability(device) >= 90;
 }
 
+// Whether conv2d_fused tries its Hopper-native (family 90) kernels first on sm90: yes, unless
+// CUTLASS_OPS_SM90=0 (to compare with the family-80 kernels; read per call).
+inline bool sm90_kernels_allowed() {
+  char const* env = std::getenv("CUTLASS_OPS_SM90");
+  return env == nullptr || env[0] != '0';
+}
+
 inline int multiprocessor_count(int device) {
   return device_attribute(cudaDevAttrMultiProcessorCount, device);
 }
