@@ -17,7 +17,7 @@ KERNELS=${SM90_KERNELS:-ci}
 CUTLASS=$("$PYTHON" -c 'import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))')/source
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-PYTHONPATH="$REPO/python" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" --out "$OUT/gen" \
+PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" --out "$OUT/gen" \
   > "$OUT/gen.log" 2>&1 || { cat "$OUT/gen.log" >&2; exit 1; }
 tail -n 1 "$OUT/gen.log"
 

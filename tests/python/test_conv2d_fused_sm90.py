@@ -5,6 +5,7 @@ the fallback to family 80 / ATen for what TMA cannot load, and the dispatch orde
 Skipped without an sm90 GPU or when the build has no family-90 kernels (build with 90 in
 CUTLASS_OPS_ARCHS)."""
 import itertools
+import os
 
 import pytest
 import torch
@@ -50,6 +51,9 @@ def run_checked(case, relu, dtype, expect=None):
     assert out.is_contiguous(memory_format=torch.channels_last)
     rel, mx = errors(out, ref)
     rel_tol, max_tol = TOLERANCE[dtype]
+    if os.environ.get("CUTLASS_OPS_ERROR_LOG"):  # collected by tests/gpu_acceptance.sh
+        with open(os.environ["CUTLASS_OPS_ERROR_LOG"], "a") as f:
+            f.write(f"{kernel} {str(dtype)[6:]} cuda {rel:.3e} {mx:.3e}\n")
     assert rel <= rel_tol and mx <= max_tol, f"{kernel}: rel {rel:.3e} max {mx:.3e}"
     if expect is not None:
         assert kernel == expect, f"ran {kernel}, not {expect}"
