@@ -124,14 +124,14 @@ typename Config::Kernel::Arguments make_sm90_arguments(Conv2dFusedArgs const& a)
                        {a.pad_h, a.pad_w}, {a.pad_h, a.pad_w}, {a.stride_h, a.stride_w}, {1, 1}, /*groups*/ 1);
   // C and D: NHWC over the output, i.e. ((Q,P,N), K) with the pixel strides of shape_C
   // (as CUTLASS's 3.x conv testbed sets them).
-  StrideC stride_c{};
-  StrideD stride_d{};
-  cute::for_each(cute::make_seq<cute::rank<0>(StrideC{})>{}, [&](auto i) {
-    cute::get<0, i>(stride_c) = problem.stride_C[ProblemShape::RankT - 2 - i];
-  });
-  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
-    cute::get<0, i>(stride_d) = problem.stride_C[ProblemShape::RankT - 2 - i];
-  });
+  auto output_stride = [&](auto stride) {
+    cute::for_each(cute::make_seq<cute::rank<0>(decltype(stride){})>{}, [&](auto i) {
+      cute::get<0, i>(stride) = problem.stride_C[ProblemShape::RankT - 2 - i];
+    });
+    return stride;
+  };
+  StrideC stride_c = output_stride(StrideC{});
+  StrideD stride_d = output_stride(StrideD{});
   auto const* input = static_cast<Element const*>(a.input);
   auto const* weight = static_cast<Element const*>(a.weight);
   auto* output = static_cast<Element*>(a.output);
