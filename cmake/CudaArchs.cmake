@@ -39,8 +39,13 @@ endforeach()
 message(STATUS "cutlass_ops: archs ${CUTLASS_OPS_ARCH_LIST}")
 
 # CMake's CUDA_ARCHITECTURES for one kernel family: machine code for each arch, PTX for the
-# newest so that later GPUs can JIT it.
+# newest so that later GPUs can JIT it.  Family 90 (wgmma/TMA, arch-conditional sm_90a code)
+# is not set through CUDA_ARCHITECTURES: see cutlass_ops_family_gencode below.
 function(cutlass_ops_family_architectures family out_var)
+  if(family EQUAL 90)
+    set(${out_var} OFF PARENT_SCOPE)
+    return()
+  endif()
   set(_sel)
   foreach(_arch IN LISTS CUTLASS_OPS_ARCH_LIST)
     if((family EQUAL 80 AND _arch GREATER_EQUAL 80) OR (family EQUAL 70 AND _arch LESS 80))
@@ -65,4 +70,15 @@ function(cutlass_ops_all_architectures out_var)
   list(GET CUTLASS_OPS_ARCH_LIST -1 _last)
   list(APPEND _sel "${_last}-virtual")
   set(${out_var} "${_sel}" PARENT_SCOPE)
+endfunction()
+
+# nvcc flags that pick a family's targets when CUDA_ARCHITECTURES cannot: family 90 is
+# compiled for sm_90a only (machine code, no PTX: arch-specific "a" code runs on sm90 alone,
+# and CMake < 3.29 cannot spell "90a" in CUDA_ARCHITECTURES).
+function(cutlass_ops_family_gencode family out_var)
+  set(_flags)
+  if(family EQUAL 90 AND "90" IN_LIST CUTLASS_OPS_ARCH_LIST)
+    set(_flags "-gencode=arch=compute_90a,code=sm_90a")
+  endif()
+  set(${out_var} "${_flags}" PARENT_SCOPE)
 endfunction()

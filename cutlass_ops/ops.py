@@ -63,6 +63,23 @@ def conv2d_fused_last_kernel() -> str:
     return torch.ops.cutlass_ops.conv2d_fused_last_kernel()
 
 
+def conv2d_fused_kernels(family: Optional[int] = None) -> list[str]:
+    """Names of the conv2d_fused kernels this build compiled (none in a CPU-only build), in
+    dispatch-table order; with ``family`` only that arch family's (70, 80, or 90: the
+    Hopper-native sm_90a kernels), the ``_sm<family>_`` in each name.  Any of them can be
+    forced with ``torch.ops.cutlass_ops.conv2d_fused_force_kernel(name)``."""
+    if not hasattr(torch.ops.cutlass_ops, "conv2d_fused_kernels"):  # registered by CUDA builds only
+        return []
+    names = list(torch.ops.cutlass_ops.conv2d_fused_kernels())
+    return names if family is None else [n for n in names if f"_sm{family}_" in n]
+
+
+def conv2d_fused_kernel_family(name: str) -> int:
+    """The arch family of a conv2d_fused kernel name (e.g. 90 for
+    cutlass_ops_conv2d_fused_f16_sm90_128x64x64_4s_1x1c_align8)."""
+    return int(name.split("_sm", 1)[1].split("_", 1)[0])
+
+
 @torch.library.register_fake("cutlass_ops::conv2d_fused")
 def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post_bias=None,
                        stride=(1, 1), padding=(0, 0), relu=False):

@@ -34,6 +34,9 @@ struct Conv2dFusedArgs {
   // Launch as a programmatic dependent of the previous kernel (sm90+, see
   // common/programmatic_launch.cuh); the caller decides.
   bool programmatic_launch = false;
+  // On sm90: try the Hopper-native (family 90) kernels before the family-80 ones; the caller
+  // decides (CUTLASS_OPS_SM90=1 opts in until they are tested and timed on a GPU).
+  bool sm90_kernels = false;
 };
 
 }  // namespace conv2d_fused

@@ -85,6 +85,7 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
   int cc = compute_capability(dev);
   a.programmatic_launch = programmatic_launch_allowed(dev);
+  a.sm90_kernels = sm90_kernels_allowed();
   ForcedChoice const& forced_choice = forced_choice_slot();
   std::string const& forced = forced_choice.kernel;
   LaunchResult r = launch(a, cc, multiprocessor_count(dev), stream,

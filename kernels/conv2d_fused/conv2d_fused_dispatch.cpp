@@ -37,10 +37,23 @@ long long k_iterations(Conv2dFusedArgs const& a, KernelEntry const& e) {
 }
 }  // namespace
 
+int max_split_k(KernelEntry const& e) {
+  // The CUTLASS 3.x conv kernel (non-persistent, no stream-K scheduler) has no split-K.
+  return e.family == 90 ? 1 : 64;
+}
+
+long long kernel_ctas(Conv2dFusedArgs const& a, KernelEntry const& e) {
+  long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
+  long long tiles_m = (gemm_m + e.tile_m - 1) / e.tile_m, tiles_n = (a.K + e.tile_n - 1) / e.tile_n;
+  auto whole_clusters = [](long long tiles, int cluster) { return (tiles + cluster - 1) / cluster * cluster; };
+  return whole_clusters(tiles_m, e.cluster_m) * whole_clusters(tiles_n, e.cluster_n);
+}
+
 bool split_k_possible(Conv2dFusedArgs const& a, KernelEntry const& e, long long ctas, int slices) {
   // The epilogue's source slot carries the partial sums, so no residual; one semaphore
   // (int) per output tile.
-  return slices == 1 || (slices > 1 && a.residual == nullptr && slices <= k_iterations(a, e) &&
+  return slices == 1 || (slices > 1 && slices <= max_split_k(e) && a.residual == nullptr &&
+                         slices <= k_iterations(a, e) &&
                          static_cast<size_t>(ctas) * sizeof(int) <= a.workspace_bytes);
 }
 
@@ -54,10 +67,16 @@ int split_k_slices(Conv2dFusedArgs const& a, KernelEntry const& e, long long cta
   return static_cast<int>(slices);
 }
 
+std::vector<int> families_for_device(int cc) {
+  if (cc == 90) return {90, 80};
+  if (cc >= 80) return {80};
+  if (cc >= 70) return {70};
+  return {};
+}
+
 int family_for_device(int cc) {
-  if (cc >= 80) return 80;
-  if (cc >= 70) return 70;
-  return 0;
+  std::vector<int> families = families_for_device(cc);
+  return families.empty() ? 0 : families.front();
 }
 
 ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment) {
@@ -71,57 +90,62 @@ ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignm
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
                     char const* only, int forced_split_k) {
   LaunchResult result;
-  int family = family_for_device(cc);
   int max_align = channel_alignment(a);
   long long const gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
-  // Any alignment that divides the widest one also fits, so a build without (say) the
-  // alignment-4 kernels still runs C=12 through the alignment-2 or -1 kernels.
-  for (int align = max_align; align >= 1; align /= 2) {
-    std::vector<Candidate> candidates;
-    for (int i = 0; i < kNumKernels; ++i) {
-      KernelEntry const& e = kKernels[i];
-      if (e.run == nullptr || e.family != family || e.dtype != a.dtype || e.alignment != align) continue;
-      if (only != nullptr && std::strcmp(only, e.name) != 0) continue;
-      long long ctas = ((gemm_m + e.tile_m - 1) / e.tile_m) * ((a.K + e.tile_n - 1) / e.tile_n);
-      candidates.push_back({&e, ctas});
-    }
-    order_by_occupancy(candidates, num_sms, gemm_m, a.K);
-    ProfileRule const* rule = profile_rule(a, family, align);
-    if (rule != nullptr) {  // the measured winner first, the rest keep their order
-      auto first = std::find_if(candidates.begin(), candidates.end(),
-                                [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
-      if (first != candidates.end()) std::rotate(candidates.begin(), first, first + 1);
-    }
-    for (Candidate const& c : candidates) {
-      Conv2dFusedArgs args = a;
-      if (forced_split_k > 0) {
-        if (!split_k_possible(a, *c.entry, c.ctas, forced_split_k)) {
-          result.why_not += std::string(c.entry->name) + ": cannot split K " +
-                            std::to_string(forced_split_k) + " ways here; ";
-          continue;
+  std::vector<int> families = families_for_device(cc);
+  // Family 90 is opt-in for the automatic choice (a.sm90_kernels); a forced kernel runs anyway.
+  if (!a.sm90_kernels && only == nullptr) families.erase(std::remove(families.begin(), families.end(), 90), families.end());
+  for (int family : families) {
+    // Any alignment that divides the widest one also fits, so a build without (say) the
+    // alignment-4 kernels still runs C=12 through the alignment-2 or -1 kernels.
+    for (int align = max_align; align >= 1; align /= 2) {
+      std::vector<Candidate> candidates;
+      for (int i = 0; i < kNumKernels; ++i) {
+        KernelEntry const& e = kKernels[i];
+        if (e.run == nullptr || e.family != family || e.dtype != a.dtype || e.alignment != align) continue;
+        if (only != nullptr && std::strcmp(only, e.name) != 0) continue;
+        candidates.push_back({&e, kernel_ctas(a, e)});
+      }
+      order_by_occupancy(candidates, num_sms, gemm_m, a.K);
+      ProfileRule const* rule = profile_rule(a, family, align);
+      if (rule != nullptr) {  // the measured winner first, the rest keep their order
+        auto first = std::find_if(candidates.begin(), candidates.end(),
+                                  [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
+        if (first != candidates.end()) std::rotate(candidates.begin(), first, first + 1);
+      }
+      for (Candidate const& c : candidates) {
+        Conv2dFusedArgs args = a;
+        if (forced_split_k > 0) {
+          if (!split_k_possible(a, *c.entry, c.ctas, forced_split_k)) {
+            result.why_not += std::string(c.entry->name) + ": cannot split K " +
+                              std::to_string(forced_split_k) + " ways here; ";
+            continue;
+          }
+          args.split_k_slices = forced_split_k;
+        } else if (rule != nullptr && c.entry == &kKernels[rule->kernel] && c.ctas < num_sms &&
+                   split_k_possible(a, *c.entry, c.ctas, rule->split_k)) {
+          args.split_k_slices = rule->split_k;  // measured (the rule's M is the nearest)
+        } else {
+          args.split_k_slices = split_k_slices(a, *c.entry, c.ctas, num_sms);
         }
-        args.split_k_slices = forced_split_k;
-      } else if (rule != nullptr && c.entry == &kKernels[rule->kernel] && c.ctas < num_sms &&
-                 split_k_possible(a, *c.entry, c.ctas, rule->split_k)) {
-        args.split_k_slices = rule->split_k;  // measured (the rule's M is the nearest)
-      } else {
-        args.split_k_slices = split_k_slices(a, *c.entry, c.ctas, num_sms);
-      }
-      cutlass::Status status = c.entry->run(args, stream);
-      // kErrorInternal is a failed launch, not a kernel that does not fit: report it.
-      if (status == cutlass::Status::kSuccess || status == cutlass::Status::kErrorInternal) {
-        result.kernel = c.entry;
+        cutlass::Status status = c.entry->run(args, stream);
+        // kErrorInternal is a failed launch, not a kernel that does not fit: report it.
+        if (status == cutlass::Status::kSuccess || status == cutlass::Status::kErrorInternal) {
+          result.kernel = c.entry;
+          result.status = status;
+          result.split_k_slices = args.split_k_slices;
+          return result;
+        }
         result.status = status;
-        result.split_k_slices = args.split_k_slices;
-        return result;
+        result.why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
       }
-      result.status = status;
-      result.why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
     }
   }
   if (result.why_not.empty()) {
-    result.why_not = "no kernel built for sm" + std::to_string(cc) + " (family " +
-                     std::to_string(family) + ") with this dtype and a channel alignment <= " +
+    std::string names;
+    for (int family : families) names += (names.empty() ? "" : ", ") + std::to_string(family);
+    result.why_not = "no kernel built for sm" + std::to_string(cc) + " (families " +
+                     (names.empty() ? "none" : names) + ") with this dtype and a channel alignment <= " +
                      std::to_string(max_align);
   }
   return result;

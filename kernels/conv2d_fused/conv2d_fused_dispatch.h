@@ -17,11 +17,12 @@ using KernelFn = cutlass::Status (*)(Conv2dFusedArgs const&, cudaStream_t);
 
 struct KernelEntry {
   char const* name;
-  int family;            // CUTLASS arch tag the kernel is written for: 70 or 80
+  int family;            // CUTLASS arch tag the kernel is written for: 70, 80 or 90 (sm_90a)
   DType dtype;
   int alignment;         // channel alignment in elements (input C and output K)
-  int tile_m, tile_n, tile_k, stages;
+  int tile_m, tile_n, tile_k, stages;  // stages 0: the CUTLASS builder's automatic count
   KernelFn run;
+  int cluster_m = 1, cluster_n = 1;    // thread block cluster (family 90)
 };
 
 extern const KernelEntry kKernels[];
@@ -49,9 +50,19 @@ ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignm
 // Largest alignment in {8,4,2,1} that divides C and K and that every pointer honours.
 int channel_alignment(Conv2dFusedArgs const& a);
 
-// Kernel family for a device of compute capability `cc` (e.g. 90): 80 for sm80+, 70 for
-// sm70..sm75, 0 when none applies.
+// Kernel families a device of compute capability `cc` runs, in the order the dispatcher
+// tries them: {90, 80} on sm90 (family 90 is sm_90a code, which runs on sm90 only), {80} on
+// other sm80+, {70} on sm70..sm75, {} below.
+std::vector<int> families_for_device(int cc);
+
+// The first of them (e.g. 90 for cc 90), 0 when none applies.
 int family_for_device(int cc);
+
+// Serial split-K slices a kernel can run (family 90, the CUTLASS 3.x kernels: 1).
+int max_split_k(KernelEntry const& e);
+
+// Threadblocks kernel `e` launches for `a` (a family-90 grid is a whole number of clusters).
+long long kernel_ctas(Conv2dFusedArgs const& a, KernelEntry const& e);
 
 struct Candidate {
   KernelEntry const* entry;
@@ -73,8 +84,10 @@ struct LaunchResult {
 };
 
 // Runs the best table entry that fits `a` on a device of compute capability `cc` with
-// `num_sms` multiprocessors: the widest channel alignment the tensors allow first; within
-// it the profile rule's kernel, then the rest by occupancy (common/tile_order.h).
+// `num_sms` multiprocessors: family by family (families_for_device; family 90 only when
+// a.sm90_kernels or forced), the widest channel alignment the tensors allow first; within it the
+// profile rule's kernel, then the rest by occupancy (common/tile_order.h).  A kernel whose
+// can_implement() refuses the problem falls through to the next one, its reason recorded.
 // `only` (the profiler's forced kernel) restricts the choice to the entry of that name,
 // and `forced_split_k` > 0 fixes its split-K slices.
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).

@@ -4,12 +4,15 @@ An *arch family* is the CUTLASS architecture tag the kernels are written for.  F
 (Ampere ``mma.sync`` 16x8x16, cp.async pipelines) is compiled for every requested arch
 >= 80 (sm80, sm86, sm90 all run it).  Family 70 (Volta ``mma`` 8x8x4, two-stage pipeline)
 is compiled for sm70..sm75 (Turing runs the Volta mma too); sm70 needs a CUDA 11.8/12.x
-toolkit (CUDA 13 dropped sm70/sm72).
+toolkit (CUDA 13 dropped sm70/sm72).  Family 90 (Hopper: CUTLASS 3.x, TMA im2col + wgmma,
+warp-specialized) is built when the archs contain 90, for sm_90a only (its code runs on
+sm90 and nothing else); on sm90 the dispatcher tries it first, then family 80.  It has
+conv2d_fused only, fp16/bf16 at alignment 8 (TMA needs 16-byte aligned channels).
 
 Kernel sets:
   ``all`` - every dtype and alignment, the default tiles (or the profiled winners).
   ``ci``  - the smallest set that still exercises the build and the alignment fallback:
-            fp16 and bf16, alignments 8 and 1, one tile each.
+            fp16 and bf16, alignments 8 and 1, one tile each; family 90: one fp16 kernel.
   ``sweep`` - ``all`` plus the profiler's candidate tiles (tiles.SWEEP_TILES) for fp16,
             alignment 8: what ``python -m cutlass_ops profile`` measures.
 Family 70 has fp16 only (Volta has no bf16 tensor cores) and alignment 8 only.
@@ -36,6 +39,8 @@ def arch_families(archs: list[int]) -> list[int]:
     """The kernel families needed to cover the requested SM archs."""
     families = set()
     for arch in archs:
+        if arch == 90:
+            families.add(90)  # sm_90a code; sm90 runs the family-80 kernels too
         if arch >= 80:
             families.add(80)
         elif arch >= 70:
@@ -60,7 +65,7 @@ class OpFamily:
 CONV2D_FUSED = OpFamily(
     name="conv2d_fused",
     conv_kind="fprop",
-    epilogue="cutlass_ops::epilogue::FusedConvEpilogue",
+    epilogue="cutlass_ops::epilogue::FusedConvEpilogue",  # family 90: the EVT in conv2d_fused_sm90_epilogue.h
     doc="implicit-GEMM conv2d fprop, NHWC, y = act(scale*conv + bias [+ residual]) + post_bias",
 )
 
@@ -102,11 +107,12 @@ def instance_keys(archs: list[int], kernel_set: str) -> list[InstanceKey]:
         raise ValueError(f"unknown kernel set {kernel_set!r}; choose one of {KERNEL_SETS}")
     keys = []
     for family in arch_families(archs):
-        # Volta tensor cores have no bf16.
-        dtypes = ("f16",) if family == 70 else DTYPES
-        if family == 70:
-            # CUTLASS's Volta conv kernels are written for 128-bit accesses only; other
-            # channel counts take the ATen fallback on Volta.
+        # Volta tensor cores have no bf16; the CI set compiles one (fp16) Hopper kernel.
+        dtypes = ("f16",) if family == 70 or (family == 90 and kernel_set == "ci") else DTYPES
+        if family in (70, 90):
+            # CUTLASS's Volta conv kernels are written for 128-bit accesses only, and TMA needs
+            # 16-byte aligned channels; other channel counts take family 80 (sm90) or the
+            # ATen fallback (Volta).
             alignments = (8,)
         else:
             alignments = (8, 1) if kernel_set == "ci" else ALIGNMENTS

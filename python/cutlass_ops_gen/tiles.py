@@ -6,7 +6,9 @@ profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.
   family 80, alignment 1    : 64x64x32 2-stage analytic iterators (cp.async cannot copy
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
-The ``sweep`` kernel set adds sweep_tiles() (fp16, alignment 8) for the profiler.
+  family 90 (sm_90a)        : SM90_TILES below (CUTLASS 3.x TMA + wgmma; one table to edit)
+The ``sweep`` kernel set adds sweep_tiles() (fp16, alignment 8) for the profiler; the ``ci``
+set takes one tile per key (ci_tiles()).
 Backward (family 80, alignment 8):
   conv2d_dgrad : the fprop defaults, each as a unity-stride and a strided kernel
   conv2d_wgrad : 128x128x32 3-stage and 64x128x32 4-stage (GEMM M = K = 64..512 output
@@ -22,7 +24,9 @@ backward profile cuDNN's rows (``Operation`` cudnn) compete too: where cuDNN win
 rule sends the problem to the ATen (cuDNN) path.  The generator instantiates the
 defaults plus every winner, and emits one rule per problem: the dispatcher runs the
 rule's tile and split for a problem with the same (c, k, r, s, stride) and the nearest M
-(log scale).
+(log scale).  Family-90 profiles (profiles/<gpu>/sm90.csv) are read the same way; their rows
+need no warps columns, take the cluster from cluster_m/cluster_n (1 when absent) and never
+split K (the 3.x conv kernel has no split-K).
 """
 from __future__ import annotations
 
@@ -49,6 +53,39 @@ class Tile:
 
 
 @dataclass(frozen=True)
+class Sm90Tile:
+    """A family-90 (Hopper, CUTLASS 3.x) kernel configuration: CTA tile (M x N x K), thread
+    block cluster (M, N, 1), mainloop stages (0: the CUTLASS builder's automatic count, as
+    many as fit in shared memory beside the epilogue)."""
+    threadblock: tuple[int, int, int]
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    stages: int = 0
+
+    @property
+    def name(self) -> str:
+        """e.g. 128x64x64_4s_1x1c, 128x128x64_autos_2x1c: tile, stages, cluster (M x N)."""
+        m, n, k = self.threadblock
+        stages = f"{self.stages}s" if self.stages else "autos"
+        return f"{m}x{n}x{k}_{stages}_{self.cluster[0]}x{self.cluster[1]}c"
+
+
+# Family 90 (sm_90a: TMA im2col + wgmma, warp-specialized; fp16/bf16, alignment 8), one row
+# per kernel instance: CTA tile, cluster, stages (0 = automatic).  The defaults without a
+# profile; docs/experiments/sm90_conv3x_fprop found 128x64x64, 128x128x64, 64x128x64 and
+# 64x256x64 (cluster 1x1) the fastest stock sm90 tiles on FusedResNet's shapes.  (128x256
+# does not fit: this kernel has one consumer warp group, 256 fp32 accumulators a thread.)
+SM90_TILES = [
+    Sm90Tile((128, 64, 64), (1, 1, 1), 4),
+    Sm90Tile((128, 128, 64), (1, 1, 1), 3),
+    Sm90Tile((64, 128, 64), (1, 1, 1), 4),
+    Sm90Tile((64, 256, 64), (1, 1, 1), 0),
+    Sm90Tile((128, 128, 64), (2, 1, 1), 0),
+]
+# The ``ci`` kernel set's one family-90 instance (fp16 only, ~70 s to compile on one core).
+SM90_CI_TILE = SM90_TILES[0]
+
+
+@dataclass(frozen=True)
 class Problem:
     """A conv problem class as profiles and rules see it."""
     c: int
@@ -62,13 +99,15 @@ class Problem:
 @dataclass(frozen=True)
 class Rule:
     problem: Problem
-    tile: Tile | None     # None: cuDNN (a ``--backward`` profile's Provider cudnn row) won
+    tile: Tile | Sm90Tile | None  # None: cuDNN (a ``--backward`` profile's Provider cudnn row) won
     runtime_ms: float
     split_k: int = 1      # split-K slices the winner ran with (serial; wgrad: parallel)
     strided_dgrad: bool | None = None  # dgrad: the winner was the strided kernel
 
 
-def default_tiles(key: InstanceKey) -> list[Tile]:
+def default_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
+    if key.family == 90:
+        return list(SM90_TILES)
     if OP_FAMILY[key.op].conv_kind == "wgrad":
         return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((64, 128, 32), (2, 2, 1), 4)]
     if key.family == 70:
@@ -89,6 +128,11 @@ SWEEP_TILES = [
 ]
 
 
+def ci_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
+    """The ``ci`` kernel set's one tile per key, whatever the profiles say."""
+    return [SM90_CI_TILE] if key.family == 90 else default_tiles(key)[-1:]
+
+
 def sweep_tiles(key: InstanceKey) -> list[Tile]:
     """The profiler's candidates for a key beyond its defaults (fp16, alignment 8 only)."""
     if key.family != 80 or key.dtype != "f16" or key.alignment != 8:
@@ -103,13 +147,21 @@ class ProfileError(ValueError):
 
 _REQUIRED = ("Operation", "n", "c", "k", "r", "s", "p", "q", "stride_h", "cta_m", "cta_n",
              "cta_k", "stages", "warps_m", "warps_n", "warps_k", "Runtime")
+_WARPS = ("warps_m", "warps_n", "warps_k")
 
 
-def read_profile_rows(path: Path, conv_kind: str = "fprop") -> list[dict]:
+def _required(family: int) -> tuple[str, ...]:
+    """Columns a profile row must have: family-90 kernels have no warp shape (a cluster,
+    optional, instead)."""
+    return tuple(c for c in _REQUIRED if c not in _WARPS) if family == 90 else _REQUIRED
+
+
+def read_profile_rows(path: Path, conv_kind: str = "fprop", family: int = 80) -> list[dict]:
     with open(path, newline="") as f:
         lines = [line for line in f if not line.startswith("#")]  # header comments allowed
     reader = csv.DictReader(lines)
-    missing = [c for c in _REQUIRED if c not in (reader.fieldnames or [])]
+    required = _required(family)
+    missing = [c for c in required if c not in (reader.fieldnames or [])]
     if missing:
         raise ProfileError(f"{path}: missing columns {missing}")
     rows = []
@@ -119,7 +171,7 @@ def read_profile_rows(path: Path, conv_kind: str = "fprop") -> list[dict]:
         if row.get("conv_kind", "fprop") != conv_kind:
             continue
         try:
-            for col in _REQUIRED[1:]:
+            for col in required[1:]:
                 float(row[col])
         except (TypeError, ValueError) as e:
             raise ProfileError(f"{path}:{i}: bad number in a Runtime/shape/tile column ({e})") from None
@@ -145,7 +197,11 @@ def _dtype_and_alignment(row: dict) -> tuple[str, int] | None:
     return ({"f16": "f16", "bf16": "bf16"}.get(activation), alignment) if activation else None
 
 
-def _row_tile(row: dict, key: InstanceKey) -> Tile:
+def _row_tile(row: dict, key: InstanceKey) -> Tile | Sm90Tile:
+    if key.family == 90:
+        cluster = tuple(int(float(row.get(f"cluster_{d}") or 1)) for d in "mn")
+        return Sm90Tile((int(row["cta_m"]), int(row["cta_n"]), int(row["cta_k"])),
+                        (*cluster, 1), int(row["stages"]))
     iterator = row.get("iterator_algorithm") or ("analytic" if key.alignment == 1 else "optimized")
     return Tile((int(row["cta_m"]), int(row["cta_n"]), int(row["cta_k"])),
                 (int(row["warps_m"]), int(row["warps_n"]), int(row["warps_k"])),
@@ -179,7 +235,7 @@ def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
     best: dict[Problem, Rule] = {}
     for row in mine:
         split_k = _split_k(row, kind)
-        if split_k is None:
+        if split_k is None or (key.family == 90 and split_k > 1):  # family 90: no split-K
             continue
         problem = Problem(int(row["c"]), int(row["k"]), int(row["r"]), int(row["s"]),
                           int(row["stride_h"]), int(row["n"]) * int(row["p"]) * int(row["q"]))
@@ -199,7 +255,7 @@ def profile_files(profiles_dir: Path, family: int) -> list[Path]:
     return sorted(profiles_dir.glob(f"*/sm{family}.csv"))
 
 
-def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile], list[Rule], str]:
+def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile | Sm90Tile], list[Rule], str]:
     """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
     tiles = default_tiles(key)
     if profiles_dir is None:
@@ -208,7 +264,7 @@ def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile
     sources = []
     for path in profile_files(profiles_dir, key.family):
         try:
-            rows += read_profile_rows(path, OP_FAMILY[key.op].conv_kind)
+            rows += read_profile_rows(path, OP_FAMILY[key.op].conv_kind, key.family)
             sources.append(path.parent.name)
         except (ProfileError, OSError, csv.Error) as e:
             warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")

@@ -6,7 +6,7 @@ import pytest
 from cutlass_ops_gen.__main__ import main as generate, parse_archs
 from cutlass_ops_gen.emitter import dgrad_variants, emit_instance, kernel_name
 from cutlass_ops_gen.manifest import InstanceKey, arch_families, instance_keys
-from cutlass_ops_gen.tiles import Problem, Tile, default_tiles, select_tiles
+from cutlass_ops_gen.tiles import SM90_CI_TILE, SM90_TILES, Problem, Sm90Tile, Tile, default_tiles, select_tiles
 
 KEY = InstanceKey("conv2d_fused", 80, "f16", 8)
 
@@ -32,8 +32,9 @@ def _profile(tmp_path, text, gpu="h200"):
 
 
 def test_arch_families():
-    assert arch_families([80, 86, 90]) == [80]
-    assert arch_families([70, 90]) == [70, 80]
+    assert arch_families([80, 86]) == [80]
+    assert arch_families([80, 86, 90]) == [80, 90]  # sm90 runs family 80 too
+    assert arch_families([70, 90]) == [70, 80, 90]
     with pytest.raises(ValueError):
         arch_families([60])
 
@@ -51,7 +52,7 @@ def test_instance_keys_ci_is_small_and_volta_is_f16_align8():
 
 
 def test_names_are_unique_and_carry_op_dtype_alignment():
-    names = [kernel_name(k, t, v) for k in instance_keys([70, 80], "all") for t in default_tiles(k)
+    names = [kernel_name(k, t, v) for k in instance_keys([70, 80, 90], "all") for t in default_tiles(k)
              for v in dgrad_variants(k)]
     assert len(names) == len(set(names))
     assert kernel_name(KEY, default_tiles(KEY)[1]) == "cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_2x2w_o_align8"
@@ -245,3 +246,96 @@ def test_sweep_set_adds_candidate_tiles_for_f16_align8(tmp_path):
     key = InstanceKey("conv2d_fused", 80, "f16", 8)
     assert all(kernel_name(key, t) in names for t in SWEEP_TILES)
     assert not any(kernel_name(InstanceKey("conv2d_fused", 80, "bf16", 8), t) in names for t in SWEEP_TILES)
+
+
+# ---- family 90 (Hopper, CUTLASS 3.x) ---------------------------------------------------------
+
+SM90_HEADER = ("Problem,Provider,OperationKind,Operation,Disposition,Status,conv_kind,n,h,w,c,k,r,s,"
+               "p,q,pad_h,pad_w,stride_h,stride_w,Activation,cta_m,cta_n,cta_k,cluster_m,cluster_n,stages,"
+               "split_k_mode,split_k_slices,Runtime\n")
+
+
+def _sm90_row(i, name, n, tile, cluster, stages, runtime, split=1, c=64, k=64, hw=16):
+    m, nn, kk = tile
+    return (f"{i},cutlass_ops,conv2d,{name},passed,success,fprop,{n},{hw},{hw},{c},{k},3,3,{hw},{hw},1,1,1,1,"
+            f"f16:nhwc,{m},{nn},{kk},{cluster[0]},{cluster[1]},{stages},serial,{split},{runtime}\n")
+
+
+@pytest.mark.parametrize("archs", [[80], [80, 86], [70, 80], [90], [80, 90], [86, 90], [70, 80, 86, 90]])
+@pytest.mark.parametrize("kernel_set", ["ci", "all"])
+def test_family_90_iff_90_in_archs(archs, kernel_set, tmp_path):
+    keys = instance_keys(archs, kernel_set)
+    assert any(k.family == 90 for k in keys) == (90 in archs)
+    assert any(k.family == 80 for k in keys) == any(a >= 80 for a in archs)  # sm90 keeps family 80
+    out = tmp_path / "gen"
+    generate(["--archs", ",".join(map(str, archs)), "--kernels", kernel_set, "--out", str(out)])
+    sm90 = sorted(p.name for p in out.glob("*_sm90_*.cu"))
+    assert bool(sm90) == (90 in archs)
+    cmake = (out / "instances.cmake").read_text()
+    line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
+    assert all(s in line for s in sm90) and (line == "set(CUTLASS_OPS_INSTANCES_SM90 )") == (90 not in archs)
+    if 90 in archs:
+        expected = 1 if kernel_set == "ci" else 2 * len(SM90_TILES)
+        assert len(sm90) == expected
+
+
+def test_family_90_keys_are_fused_fprop_align8_only():
+    keys = [k for k in instance_keys([90], "all") if k.family == 90]
+    assert keys == [InstanceKey("conv2d_fused", 90, "f16", 8), InstanceKey("conv2d_fused", 90, "bf16", 8)]
+    assert [k for k in instance_keys([80, 90], "ci") if k.family == 90] == [InstanceKey("conv2d_fused", 90, "f16", 8)]
+
+
+def test_ci_set_has_exactly_one_sm90_f16_instance(tmp_path):
+    out = tmp_path / "gen"
+    generate(["--archs", "80;90", "--kernels", "ci", "--out", str(out)])
+    sm90 = [p.stem for p in out.glob("*_sm90_*.cu")]
+    assert sm90 == [kernel_name(InstanceKey("conv2d_fused", 90, "f16", 8), SM90_CI_TILE)]
+    table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
+    assert "kNumKernels = 5" in table  # the family-80 ci set's four, plus one
+    # Family-80 rows keep their fields; family-90 rows add the cluster.
+    assert re.search(r'\{"cutlass_ops_conv2d_fused_f16_sm80_[^"]+", 80, DType::kF16, 8, 64, 64, 64, 4, &\w+\},', table)
+    m, n, k = SM90_CI_TILE.threadblock
+    assert f'", 90, DType::kF16, 8, {m}, {n}, {k}, {SM90_CI_TILE.stages}, &{sm90[0]}, 1, 1}},' in table
+
+
+def test_sm90_instance_names_the_template_with_its_configuration():
+    tile = Sm90Tile((128, 128, 64), (2, 1, 1), 0)
+    inst, text = emit_instance(InstanceKey("conv2d_fused", 90, "bf16", 8), tile, "default")
+    assert inst.name == "cutlass_ops_conv2d_fused_bf16_sm90_128x128x64_autos_2x1c_align8"
+    assert '#include "conv2d_fused/conv2d_fused_sm90_instance.cuh"' in text
+    assert re.search(r"Sm90FusedConv<cutlass::bfloat16_t, 128, 128, 64, 2, 1, 0,\s+cutlass::epilogue::TmaWarpSpecialized>", text)
+    assert f"return run_sm90_instance<{inst.name}_base>(args, stream);" in text
+    assert f"cutlass::Status {inst.name}(Conv2dFusedArgs const& args, cudaStream_t stream)" in text
+    _, text = emit_instance(InstanceKey("conv2d_fused", 90, "f16", 8), Sm90Tile((64, 128, 64), (1, 1, 1), 4), "x")
+    assert "Sm90FusedConv<cutlass::half_t, 64, 128, 64, 1, 1, 4," in text
+    with pytest.raises(ValueError):
+        emit_instance(InstanceKey("conv2d_fused", 90, "f16", 4), tile, "default")
+
+
+def test_sm90_profile_rows_are_read_without_warps_and_never_split(tmp_path):
+    name = "cutlass_ops_conv2d_fused_f16_sm90_{}_align8"
+    rows = [
+        _sm90_row(1, name.format("a"), 128, (128, 64, 64), (1, 1), 4, 0.020),
+        _sm90_row(2, name.format("b"), 128, (64, 256, 64), (2, 1), 0, 0.010),    # winner: auto stages, 2x1
+        _sm90_row(3, name.format("c"), 128, (64, 64, 64), (1, 1), 4, 0.001, split=4),  # split-K: not ours
+        _sm90_row(4, name.format("a").replace("sm90", "sm80"), 128, (32, 32, 32), (1, 1), 2, 0.0001),  # family 80
+    ]
+    d = tmp_path / "profiles" / "h100"
+    d.mkdir(parents=True)
+    (d / "sm90.csv").write_text("# gpu: test\n" + SM90_HEADER + "".join(rows))
+    key = InstanceKey("conv2d_fused", 90, "f16", 8)
+    tiles, rules, origin = select_tiles(key, tmp_path / "profiles")
+    winner = Sm90Tile((64, 256, 64), (2, 1, 1), 0)
+    assert origin == "default + profile h100"
+    assert tiles == default_tiles(key) + [winner]
+    assert [(r.problem, r.tile, r.split_k) for r in rules] == [(Problem(64, 64, 3, 3, 1, 128 * 16 * 16), winner, 1)]
+    # The family-80 keys do not read sm90.csv; without any sm90.csv family 90 has its defaults.
+    assert select_tiles(InstanceKey("conv2d_fused", 80, "f16", 8), tmp_path / "profiles")[1] == []
+    assert select_tiles(key, tmp_path / "none") == (default_tiles(key), [], "default")
+    out = tmp_path / "gen"
+    generate(["--archs", "90", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
+    table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
+    names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
+    rule = re.search(r"\{90, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1\}", table)
+    assert rule and names[int(rule.group(1))] == kernel_name(key, winner)
+    assert f'", 90, DType::kF16, 8, 64, 256, 64, 0, &{kernel_name(key, winner)}, 2, 1}},' in table

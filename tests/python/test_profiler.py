@@ -46,7 +46,9 @@ def test_sweep_writes_profiler_rows_and_resumes(tmp_path):
     out = tmp_path / "h" / "sm80.csv"
     problems = [dict(n=2, h=8, w=8, c=64, k=64, r=3, s=3, pad=1, stride=1)]
     written = sweep(problems, out, iters=3)
-    kernels = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels() if "_f16_" in k and k.endswith("align8")]
+    # The sweep measures the family-80 kernels (the names _NAME matches), not family 90's.
+    kernels = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels()
+               if "_f16_" in k and k.endswith("align8") and _NAME.match(k)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     expected = {(k, split) for k in kernels for split in split_k_candidates(problems[0], _NAME.match(k), sms)}
     assert written == len(expected) > len(kernels) > 0  # 128 output rows: split-K is swept too
@@ -80,7 +82,9 @@ def test_forced_split_k_runs_exactly_or_raises():
     x = torch.randn(1, 256, 4, 4, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
     w = torch.randn(64, 256, 3, 3, device="cuda", dtype=torch.half) / 48
     ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
-    name = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels() if "_f16_" in k and k.endswith("align8")][0]
+    # A family-80 kernel: the family-90 ones have no split-K.
+    name = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels()
+            if "_f16_sm80_" in k and k.endswith("align8")][0]
     try:
         for split in (1, 2, 4):
             torch.ops.cutlass_ops.conv2d_fused_force_kernel(name, split)
