@@ -4,6 +4,8 @@
 # this warm machine, the test command, the gradient table, then benchmark steps, each under
 # its own timeout so that a slow one still leaves the others' results:
 #   STEPS="train:512 train:2048 resnet:128 resnet:512 resnet:2048"
+# and for the Hopper-native kernels: sm90-tests, sm90-sweep, resnet-sm90:N, train-sm90:N
+# (with CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json).
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -56,9 +58,25 @@ for step in ${STEPS:-}; do
   what=${step%%:*}; n=${step#*:}
   t0=$(date +%s)
   left=$(( DEADLINE - t0 )); limit=$(( left < ${STEP_TIMEOUT:-420} ? left : ${STEP_TIMEOUT:-420} ))
-  [ "$limit" -gt 30 ] || { echo "bench $what N=$n: skipped, no time left"; continue; }
+  [ "$limit" -gt 30 ] || { echo "$step: skipped, no time left"; continue; }
+  case $what in
+    sm90-tests)  # the family-90 kernels against float64 (forced one by one)
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
+         "$REPO/tests/python/test_conv2d_fused_sm90.py" > "$OUT/sm90_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sm90_tests.log" | tail -15
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    sm90-sweep)  # docs/experiments/sm90_conv3x_fprop: stock sm90 fprop variants vs cuDNN
+      OUT=$OUT timeout "$limit" bash docs/experiments/sm90_conv3x_fprop/run_sweep.sh > /tmp/sm90_sweep.txt 2>&1 \
+        || echo "$step: stopped (rc $?)"
+      tail -40 /tmp/sm90_sweep.txt
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+  esac
+  # resnet-sm90:N / train-sm90:N: the bench with the family-90 kernels opted in (CUTLASS_OPS_SM90=1)
+  export CUTLASS_OPS_SM90=0
+  case $what in *-sm90) what=${what%-sm90}; export CUTLASS_OPS_SM90=1; out="$OUT/${what}_sm90.json" ;;
+                *) out="$OUT/$what.json" ;; esac
   (cd /tmp && timeout "$limit" "$PYTHON" -X faulthandler -P -m cutlass_ops bench "$what" --batch $n --merge \
-     --out "$OUT/$what.json" ${BENCH_ARGS:-} 2> "$OUT/${what}_progress.log" > /tmp/bench_step.txt) \
+     --out "$out" ${BENCH_ARGS:-} 2> "$OUT/${what}_progress.log" > /tmp/bench_step.txt) \
     || { echo "bench $what N=$n: stopped (rc $?, timeout $limit s); last progress:"; grep -v "^ *$" "$OUT/${what}_progress.log" | tail -${PROGRESS_TAIL:-3}; }
   grep -v "^ \{5,\}[0-9.]\+ \+_ZN7cutlass" /tmp/bench_step.txt | tee -a "$OUT/bench.txt"
   echo "== bench $what N=$n took $(( $(date +%s) - t0 )) s"
