@@ -92,44 +92,39 @@ def _merged(result: dict, out: Path, merge: bool) -> dict:
     return result
 
 
-def _timing_args(args) -> dict:
-    return {"calls": args.calls, "reps": args.reps, "latency_iters": args.latency_iters, "rounds": args.rounds,
+def _timing_args(args, default_calls: int) -> dict:
+    return {"calls": default_calls if args.calls is None else args.calls, "reps": args.reps,
+            "latency_iters": args.latency_iters, "rounds": args.rounds,
             "progress": lambda m: print(m, file=sys.stderr, flush=True)}
 
 
-def bench_resnet_cmd(args) -> int:
-    from .bench import bench_resnet, environment, plot_resnet, print_resnet_table, write_json
-    dtype = _dtype(args.dtype or "fp16")
-    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
-    timing = _timing_args(args)
-    if args.calls is None:
-        timing["calls"] = 200
-    result = bench_resnet(args.batch, dtype, args.in_channels,
-                          **({"systems": args.systems} if args.systems else {}), **timing)
+def _finish(result: dict, out: Path, merge: bool, print_table, plot) -> int:
+    """Environment, --merge, the printed table, the JSON and the PNG of a resnet/train run."""
+    from .bench import environment, write_json
     result["environment"] = environment()
-    result = _merged(result, out, args.merge)
-    print_resnet_table(result)
+    result = _merged(result, out, merge)
+    print_table(result)
     write_json(out, result)
-    plot_resnet(result, out.with_suffix(".png"))
+    plot(result, out.with_suffix(".png"))
     return 0
+
+
+def bench_resnet_cmd(args) -> int:
+    from .bench import bench_resnet, plot_resnet, print_resnet_table
+    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
+    result = bench_resnet(args.batch, _dtype(args.dtype or "fp16"), args.in_channels,
+                          **({"systems": args.systems} if args.systems else {}), **_timing_args(args, 200))
+    return _finish(result, out, args.merge, print_resnet_table, plot_resnet)
 
 
 def bench_train_cmd(args) -> int:
-    from .bench import environment, write_json
     from .train_bench import TRAIN_SYSTEMS, bench_train, plot_train, print_train_table
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/train.json")
-    timing = _timing_args(args)
-    if args.calls is None:
-        timing["calls"] = 50  # steps of 1-7 ms: 50 back-to-back steps are plenty per sample
+    # Steps of 1-7 ms: 50 back-to-back steps per throughput sample are plenty.
     result = bench_train(args.batch if args.batch != RESNET_BATCHES else [512, 2048],
                          _dtype(args.dtype or "fp16"), args.in_channels,
-                         systems=args.systems or TRAIN_SYSTEMS, **timing)
-    result["environment"] = environment()
-    result = _merged(result, out, args.merge)
-    print_train_table(result)
-    write_json(out, result)
-    plot_train(result, out.with_suffix(".png"))
-    return 0
+                         systems=args.systems or TRAIN_SYSTEMS, **_timing_args(args, 50))
+    return _finish(result, out, args.merge, print_train_table, plot_train)
 
 
 def cmd_layers(args) -> int:
@@ -178,15 +173,15 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print build and device facts as JSON").set_defaults(fn=cmd_info)
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
-    b = sub.add_parser("bench", help="benchmark one fused conv layer against PyTorch baselines "
-                                     "(CUDA events, medians); writes JSON")
+    b = sub.add_parser("bench", help="benchmarks against PyTorch in the same process (CUDA events, "
+                                     "medians); writes JSON")
     b.add_argument("what", choices=["conv", "resnet", "giou", "train"],
-                   help="conv: one fused conv layer; resnet: FusedResNet vs eager, CUDA graph, "
-                        "TorchScript and torch.compile (writes JSON and a bar plot PNG); giou: "
-                        "the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision forms; "
-                        "train: a FusedResNet training step (fwd+bwd) vs eager, CUDA graph and "
-                        "torch.compile, with peak memory (dgrad/wgrad vs cuDNN per conv: "
-                        "`profile --backward`)")
+                   help="conv: one fused conv layer; resnet: FusedResNet inference, train: a FusedResNet "
+                        "training step (fwd+bwd), each vs eager (+ CUDA graph) and torch.compile "
+                        "max-autotune (NCHW, channels_last, and no-cudagraphs captured by hand), in "
+                        "throughput, latency and device time, with setup time and peak memory (JSON + "
+                        "PNG); giou: the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision "
+                        "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
                    help="resnet: batch sizes (default 1 128 512 2048); train: default 512 2048")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
@@ -209,8 +204,8 @@ def main(argv=None) -> int:
                    help="conv/resnet: fp16 (default) or bf16; giou: box dtype (default fp32)")
     b.add_argument("--iters", type=int, default=100, help="conv/giou: timed iterations (median reported)")
     b.add_argument("--rounds", type=int, default=3,
-                   help="resnet/train: time every system this many times, interleaved; report the median "
-                        "of the rounds' medians (default 3)")
+                   help="resnet/train: time every system this many times (resnet: interleaved; train: one "
+                        "system after the other); report the median of the rounds' medians (default 3)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)
