@@ -147,9 +147,17 @@ def cmd_profile(args) -> int:
     if not torch.cuda.is_available():
         print("profile: needs a CUDA device", file=sys.stderr)
         return 2
-    cc = torch.cuda.get_device_capability()
+    from .profiler import kernel_families
+    families = kernel_families()
+    family = args.family or (families[0] if families else 80)
+    if args.backward:
+        family = 80  # dgrad/wgrad: family 80 and cuDNN
+    elif family not in families:
+        print(f"profile: this build has no family-{family} conv2d_fused kernels this GPU runs "
+              f"(it has {families or 'none'})", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else (
-        Path(args.profiles) / gpu_slug(torch.cuda.get_device_name()) / f"sm{80 if cc >= (8, 0) else 70}.csv")
+        Path(args.profiles) / gpu_slug(torch.cuda.get_device_name()) / f"sm{family}.csv")
     if args.model:
         import importlib
         from .profiler import problems_from_model
@@ -163,7 +171,7 @@ def cmd_profile(args) -> int:
         from .profiler import sweep_backward
         n = sweep_backward(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
     else:
-        n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
+        n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters, family=family)
     print(f"profile: wrote {n} rows to {out}; rebuild to use them (see README: Profiles)")
     return 0
 
@@ -240,6 +248,10 @@ def main(argv=None) -> int:
     pr.add_argument("--backward", action="store_true",
                     help="profile the dgrad/wgrad kernels and cuDNN's on the model's training convs "
                          "instead of conv2d_fused (rows with conv_kind dgrad/wgrad in the same CSV)")
+    pr.add_argument("--family", type=int, choices=[70, 80, 90], default=None,
+                    help="conv2d_fused kernel family to time (default: the newest this GPU runs; on an "
+                         "H100/H200 90, the CUTLASS 3.x sm90a kernels, into sm90.csv; run again with "
+                         "--family 80 for sm80.csv: on sm90 the two profiles' rules compete per problem)")
     pr.add_argument("--dtype", choices=["fp16", "bf16"], default=None, help="default fp16")
     pr.add_argument("--iters", type=int, default=20, help="timed runs per kernel (median)")
     pr.add_argument("--profiles", default="profiles", help="profiles folder (default ./profiles)")

@@ -4,6 +4,7 @@ Results are written as JSON with the GPU name and the software versions.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import statistics
@@ -276,7 +277,11 @@ RESNET_SYSTEMS = ("FusedResNet", "FusedResNet graph=True", "eager NCHW",
                   "eager channels_last + CUDA graph", "torch.compile max-autotune",
                   "torch.compile max-autotune channels_last",
                   "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph")
-RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default")
+# On sm90, FusedResNet with its conv kernel families fixed (CUTLASS_OPS_SM90 while its graph is
+# captured): 0 = the Ampere (family 80) kernels only, 1 = the Hopper (family 90) ones first; the
+# default systems above run what the profile decides per conv.
+FAMILY_SYSTEMS = ("FusedResNet graph=True CUTLASS_OPS_SM90=0", "FusedResNet graph=True CUTLASS_OPS_SM90=1")
+RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default") + FAMILY_SYSTEMS
 
 
 def resnet_work(n: int, in_channels: int = 3) -> dict:
@@ -350,12 +355,15 @@ def gpu_peaks() -> dict:
 
 
 def bench_resnet(batch_sizes=(128, 512, 2048), dtype=torch.float16, in_channels=3,
-                 systems=RESNET_SYSTEMS, calls=200, reps=5, latency_iters=50, rounds=3,
+                 systems=None, calls=200, reps=5, latency_iters=50, rounds=3,
                  progress=print) -> dict:
     """FusedResNet's forward (inference, no grad) against the peers, per batch size, in the
-    three metrics (measure_systems)."""
+    three metrics (measure_systems).  Default systems: RESNET_SYSTEMS, and on an sm90 GPU
+    with family-90 kernels built FAMILY_SYSTEMS too."""
     from .fused_resnet import FusedResNet
     from .models import SEResNet9FixUp
+    if systems is None:
+        systems = RESNET_SYSTEMS + (FAMILY_SYSTEMS if _has_family_90() else ())
     unknown = [s for s in systems if s not in RESNET_SYSTEMS + RESNET_OPTIONAL_SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; choose from {list(RESNET_SYSTEMS + RESNET_OPTIONAL_SYSTEMS)}")
@@ -407,6 +415,26 @@ def hand_graphed_compile(fn: Callable[[], object], mode: str = "max-autotune-no-
     return graphed(compiled)
 
 
+def _has_family_90() -> bool:
+    """Whether this GPU is sm90 and the build has family-90 (Hopper-native) conv kernels."""
+    return torch.cuda.get_device_capability() == (9, 0) and any(
+        "_sm90_" in k for k in torch.ops.cutlass_ops.conv2d_fused_kernels())
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    import os
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
     if name == "FusedResNet":
         return lambda: fused(x)
@@ -416,6 +444,12 @@ def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
         return lambda: ref(x)
     if name == "eager channels_last + CUDA graph":
         return graphed(lambda: ref_cl(x_cl))
+    if name in FAMILY_SYSTEMS:
+        from .fused_resnet import FusedResNet
+        model = FusedResNet.from_reference(ref, graph=True).eval()
+        with _env("CUTLASS_OPS_SM90", name.rsplit("=", 1)[1]):
+            model(x)  # captures its graph: the kernels chosen now are the ones it replays
+        return lambda: model(x)
     if name == "TorchScript NCHW":
         ts = torch.jit.freeze(torch.jit.trace(ref, x))
         return lambda: ts(x)

@@ -35,6 +35,18 @@ COLUMNS = ("Problem,Provider,OperationKind,Operation,Disposition,Status,conv_kin
 
 _NAME = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>\d+)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
                    r"_(?P<stages>\d+)s_(?P<wm>\d+)x(?P<wn>\d+)w_(?P<it>[oa])_align(?P<align>\d+)$")
+# Family 90 (CUTLASS 3.x): tile, stages ("auto" = the builder's count), cluster M x N.
+_NAME90 = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>90)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
+                     r"_(?P<stages>\d+|auto)s_(?P<cm>\d+)x(?P<cn>\d+)c_align(?P<align>\d+)$")
+
+
+def kernel_families() -> list[int]:
+    """The conv2d_fused kernel families in this build that this GPU runs (90 only on sm90)."""
+    cc = torch.cuda.get_device_capability()
+    built = {int(m["family"]) for m in map(lambda n: _NAME.match(n) or _NAME90.match(n),
+                                            torch.ops.cutlass_ops.conv2d_fused_kernels()) if m}
+    runs = {90, 80} if cc == (9, 0) else {80} if cc >= (8, 0) else {70}
+    return sorted(built & runs, reverse=True)
 
 
 def resnet_problems(batch_sizes, in_channels: int = 3, training: bool = False) -> list[dict]:
@@ -130,13 +142,16 @@ def _time_ms(fn, iters: int, reps: int = 10) -> float:
     return time_cuda(replay, warmup=1, iters=iters)["median_ms"] / reps
 
 
-def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
+def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20, family: int | None = None,
           progress=lambda msg: print(msg, file=sys.stderr, flush=True)) -> int:
-    """Measures every built kernel of `dtype` on each problem; returns rows written."""
+    """Measures every built kernel of `dtype` and `family` (default: this GPU's newest) on
+    each problem; returns rows written."""
     dname = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
-    cc = torch.cuda.get_device_capability()
-    family = 80 if cc >= (8, 0) else 70
-    kernels = [m for m in map(_NAME.match, torch.ops.cutlass_ops.conv2d_fused_kernels())
+    if family is None:
+        families = kernel_families()
+        family = families[0] if families else 80
+    name = _NAME90 if family == 90 else _NAME
+    kernels = [m for m in map(name.match, torch.ops.cutlass_ops.conv2d_fused_kernels())
                if m and m["dtype"] == dname and int(m["family"]) == family]
     if not kernels:
         raise RuntimeError(f"no {dname} sm{family} kernels in this build")
@@ -190,6 +205,8 @@ def sweep(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
 def split_k_candidates(p: dict, k: re.Match, num_sms: int) -> list[int]:
     """Serial split-K slices worth timing: 1, and when the output tiles leave SMs idle,
     2..16 that keep >= 2 K-iterations per slice and <= 2 CTAs per SM."""
+    if k["family"] == "90":
+        return [1]  # the CUTLASS 3.x conv kernel has no split-K
     pq = [(d + 2 * p["pad"] - f) // p["stride"] + 1 for d, f in ((p["h"], p["r"]), (p["w"], p["s"]))]
     tm, tn, tk = int(k["m"]), int(k["n"]), int(k["k"])
     ctas = -(-p["n"] * pq[0] * pq[1] // tm) * -(-p["k"] // tn)
@@ -229,12 +246,16 @@ def _row(idx, p, k, dname, family, split, ms, disposition) -> dict:
                c=p["c"], k=p["k"], r=p["r"], s=p["s"], p=pq[0], q=pq[1], g=1, pad_h=p["pad"], pad_w=p["pad"],
                stride_h=p["stride"], stride_w=p["stride"], dilation_h=1, dilation_w=1, Activation=t,
                Filter=t, Output=t, conv_mode="cross",
-               iterator_algorithm="optimized" if k["it"] == "o" else "analytic", alpha=1, beta=0,
+               iterator_algorithm="optimized" if family == 90 or k["it"] == "o" else "analytic", alpha=1, beta=0,
                split_k_mode="serial", split_k_slices=split, eq_gemm_provider="none", op_class="tensorop",
                accum="f32", cta_m=k["m"], cta_n=k["n"], cta_k=k["k"], cluster_m=1, cluster_n=1, cluster_k=1,
                cluster_m_fallback=1, cluster_n_fallback=1, cluster_k_fallback=1, stages=k["stages"],
                warps_m=k["wm"], warps_n=k["wn"], warps_k=1, inst_m=16, inst_n=8, inst_k=16,
                min_cc=family, max_cc=1024, Bytes=nbytes, Flops=flops, Runtime=f"{ms:.6f}")
+    if family == 90:  # a cluster instead of warps; the tile's wgmma instruction is 64 x N x 16
+        row.update(cluster_m=k["cm"], cluster_n=k["cn"], cluster_m_fallback=k["cm"], cluster_n_fallback=k["cn"],
+                   stages=0 if k["stages"] == "auto" else k["stages"], warps_m="", warps_n="", warps_k="",
+                   inst_m=64, inst_n=k["n"])
     row["Flops/Byte"] = f"{flops / nbytes:.2f}"
     row["GB/s"] = f"{nbytes / (ms * 1e-3) / 1e9:.1f}" if ms == ms else ""
     row["GFLOPs"] = f"{flops / (ms * 1e-3) / 1e9:.1f}" if ms == ms else ""

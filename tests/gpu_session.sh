@@ -4,8 +4,10 @@
 # this warm machine, the test command, the gradient table, then benchmark steps, each under
 # its own timeout so that a slow one still leaves the others' results:
 #   STEPS="train:512 train:2048 resnet:128 resnet:512 resnet:2048"
-# and for the Hopper-native kernels: sm90-tests, sm90-sweep, resnet-sm90:N, train-sm90:N
-# (with CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json).
+# and for the Hopper-native kernels: sm90-tests, sm90-sweep, profile90 (profile the family-90
+# kernels into profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it),
+# resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
+# resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0).
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -65,15 +67,26 @@ for step in ${STEPS:-}; do
          "$REPO/tests/python/test_conv2d_fused_sm90.py" > "$OUT/sm90_tests.log" 2>&1)
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sm90_tests.log" | tail -15
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    profile90)  # the family-90 kernels on FusedResNet's convs -> profiles/<gpu>/sm90.csv, then rebuild with it
+      gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops profile --family 90 --profiles "$REPO/profiles" \
+         2> "$OUT/profile90.log" | tail -2) || echo "$step: stopped (rc $?)"
+      cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null
+      CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q --no-build-isolation --no-deps . -Cbuild-dir=build-session \
+        > /tmp/gpu_session_build.log 2>&1 || { tail -30 /tmp/gpu_session_build.log; exit 1; }
+      grep -o "cutlass_ops_gen: .*profile rules.*" /tmp/gpu_session_build.log
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-sweep)  # docs/experiments/sm90_conv3x_fprop: stock sm90 fprop variants vs cuDNN
       OUT=$OUT timeout "$limit" bash docs/experiments/sm90_conv3x_fprop/run_sweep.sh > /tmp/sm90_sweep.txt 2>&1 \
         || echo "$step: stopped (rc $?)"
       tail -40 /tmp/sm90_sweep.txt
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
   esac
-  # resnet-sm90:N / train-sm90:N: the bench with the family-90 kernels opted in (CUTLASS_OPS_SM90=1)
-  export CUTLASS_OPS_SM90=0
+  # resnet:N / train:N run what the profiles decide per conv (CUTLASS_OPS_SM90 unset);
+  # resnet-sm90:N / train-sm90:N the family-90 kernels first (CUTLASS_OPS_SM90=1), -sm80 none.
+  unset CUTLASS_OPS_SM90
   case $what in *-sm90) what=${what%-sm90}; export CUTLASS_OPS_SM90=1; out="$OUT/${what}_sm90.json" ;;
+                *-sm80) what=${what%-sm80}; export CUTLASS_OPS_SM90=0; out="$OUT/${what}_sm80.json" ;;
                 *) out="$OUT/$what.json" ;; esac
   (cd /tmp && timeout "$limit" "$PYTHON" -X faulthandler -P -m cutlass_ops bench "$what" --batch $n --merge \
      --out "$out" ${BENCH_ARGS:-} 2> "$OUT/${what}_progress.log" > /tmp/bench_step.txt) \

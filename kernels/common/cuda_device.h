@@ -29,14 +29,6 @@ inline bool programmatic_launch_allowed(int device) {
   return compute_capability(device) >= 90;
 }
 
-// Whether conv2d_fused's automatic choice tries its Hopper-native (family 90) kernels first on
-// sm90: only with CUTLASS_OPS_SM90=1 (read per call) until they have been tested and timed on
-// a GPU; a forced kernel (the tests, the profiler) runs regardless.
-inline bool sm90_kernels_allowed() {
-  char const* env = std::getenv("CUTLASS_OPS_SM90");
-  return env != nullptr && env[0] == '1';
-}
-
 inline int multiprocessor_count(int device) {
   return device_attribute(cudaDevAttrMultiProcessorCount, device);
 }

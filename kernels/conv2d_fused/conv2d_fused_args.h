@@ -11,6 +11,15 @@ enum class DType { kF16, kBF16 };
 // y[n,p,q,k] = act(scale * sum_{r,s,c} x[n,h,w,c] * w[k,r,s,c] + bias + residual) + post_bias
 // All tensors NHWC (the weight KRSC), densely packed.  Pointers that are null take the
 // neutral value: scale 1, bias 0, post_bias 0, no residual.
+// When the automatic choice on an sm90 GPU tries the Hopper-native (family 90) kernels; a
+// forced kernel (the tests, the profiler) runs regardless.
+enum class Sm90Policy {
+  kNever,     // family 80 only
+  kProfiled,  // family 90 where the profile rule of family 90 (profiles/<gpu>/sm90.csv) is
+              // faster than family 80's for the problem; family 80 where no sm90 rule covers it
+  kFirst,     // family 90 first wherever it can run (to test and time it)
+};
+
 struct Conv2dFusedArgs {
   DType dtype;
   int N, H, W, C;        // input
@@ -34,9 +43,9 @@ struct Conv2dFusedArgs {
   // Launch as a programmatic dependent of the previous kernel (sm90+, see
   // common/programmatic_launch.cuh); the caller decides.
   bool programmatic_launch = false;
-  // On sm90: try the Hopper-native (family 90) kernels before the family-80 ones; the caller
-  // decides (CUTLASS_OPS_SM90=1 opts in until they are tested and timed on a GPU).
-  bool sm90_kernels = false;
+  // On sm90: when to try the Hopper-native (family 90) kernels before the family-80 ones;
+  // the caller decides (CUTLASS_OPS_SM90, conv2d_fused_cuda.cpp).
+  Sm90Policy sm90_policy = Sm90Policy::kNever;
 };
 
 }  // namespace conv2d_fused

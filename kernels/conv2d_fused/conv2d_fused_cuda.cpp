@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "common/cuda_device.h"
 #include "common/kernel_table.h"
@@ -27,6 +28,16 @@ at::Tensor as_float_vector(at::Tensor const& t) {
   // The epilogue reads the bias with vector loads of up to 8 floats.
   if (reinterpret_cast<std::uintptr_t>(f.data_ptr()) % 32 != 0) f = f.clone();
   return f;
+}
+
+// CUTLASS_OPS_SM90 (read per call, so tests and benchmarks can switch): unset = the
+// profile decides, 1 = family 90 first, 0 = family 80 only.
+Sm90Policy sm90_policy_from_env() {
+  char const* env = std::getenv("CUTLASS_OPS_SM90");
+  if (env == nullptr || env[0] == '\0') return Sm90Policy::kProfiled;
+  if (env[0] == '1') return Sm90Policy::kFirst;
+  if (env[0] == '0') return Sm90Policy::kNever;
+  return Sm90Policy::kProfiled;
 }
 
 }  // namespace
@@ -85,7 +96,7 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
   int cc = compute_capability(dev);
   a.programmatic_launch = programmatic_launch_allowed(dev);
-  a.sm90_kernels = sm90_kernels_allowed();
+  a.sm90_policy = sm90_policy_from_env();
   ForcedChoice const& forced_choice = forced_choice_slot();
   std::string const& forced = forced_choice.kernel;
   LaunchResult r = launch(a, cc, multiprocessor_count(dev), stream,

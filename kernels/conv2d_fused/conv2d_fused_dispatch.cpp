@@ -74,6 +74,15 @@ std::vector<int> families_for_device(int cc) {
   return {};
 }
 
+std::vector<int> families_to_try(std::vector<int> families, Sm90Policy policy,
+                                 ProfileRule const* rule90, ProfileRule const* rule80) {
+  bool keep90 = policy == Sm90Policy::kFirst ||
+                (policy == Sm90Policy::kProfiled && rule90 != nullptr &&
+                 (rule80 == nullptr || rule90->runtime_ms < rule80->runtime_ms));
+  if (!keep90) families.erase(std::remove(families.begin(), families.end(), 90), families.end());
+  return families;
+}
+
 int family_for_device(int cc) {
   std::vector<int> families = families_for_device(cc);
   return families.empty() ? 0 : families.front();
@@ -93,8 +102,10 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
   int max_align = channel_alignment(a);
   long long const gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
   std::vector<int> families = families_for_device(cc);
-  // Family 90 is opt-in for the automatic choice (a.sm90_kernels); a forced kernel runs anyway.
-  if (!a.sm90_kernels && only == nullptr) families.erase(std::remove(families.begin(), families.end(), 90), families.end());
+  // A forced kernel runs whatever its family; otherwise the policy and the profile decide
+  // (family 90 has alignment-8 kernels only).
+  if (only == nullptr)
+    families = families_to_try(families, a.sm90_policy, profile_rule(a, 90, 8), profile_rule(a, 80, 8));
   for (int family : families) {
     // Any alignment that divides the widest one also fits, so a build without (say) the
     // alignment-4 kernels still runs C=12 through the alignment-2 or -1 kernels.

@@ -38,6 +38,7 @@ struct ProfileRule {
   long long gemm_m;
   int kernel;   // index into kKernels, -1 in an empty table
   int split_k;  // 1 = no split
+  double runtime_ms;  // the winner's measured time: rules of two families compete by it
 };
 
 extern const ProfileRule kProfileRules[];
@@ -54,6 +55,13 @@ int channel_alignment(Conv2dFusedArgs const& a);
 // tries them: {90, 80} on sm90 (family 90 is sm_90a code, which runs on sm90 only), {80} on
 // other sm80+, {70} on sm70..sm75, {} below.
 std::vector<int> families_for_device(int cc);
+
+// The families the automatic choice tries for a problem, in order, on a device that runs
+// `device_families`: family 90 (when present) is kept per `policy` (conv2d_fused_args.h), where
+// kProfiled keeps it first only when its profile rule `rule90` is faster than family 80's
+// `rule80` (or family 80 has none); otherwise it is dropped.
+std::vector<int> families_to_try(std::vector<int> device_families, Sm90Policy policy,
+                                 ProfileRule const* rule90, ProfileRule const* rule80);
 
 // The first of them (e.g. 90 for cc 90), 0 when none applies.
 int family_for_device(int cc);
@@ -84,8 +92,8 @@ struct LaunchResult {
 };
 
 // Runs the best table entry that fits `a` on a device of compute capability `cc` with
-// `num_sms` multiprocessors: family by family (families_for_device; family 90 only when
-// a.sm90_kernels or forced), the widest channel alignment the tensors allow first; within it the
+// `num_sms` multiprocessors: family by family (families_for_device, then families_to_try
+// unless forced), the widest channel alignment the tensors allow first; within it the
 // profile rule's kernel, then the rest by occupancy (common/tile_order.h).  A kernel whose
 // can_implement() refuses the problem falls through to the next one, its reason recorded.
 // `only` (the profiler's forced kernel) restricts the choice to the entry of that name,

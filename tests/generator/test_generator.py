@@ -205,7 +205,7 @@ def test_rules_reach_the_dispatch_table(tmp_path):
     generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
     names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
-    rule = re.search(r"\{80, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1\}", table)
+    rule = re.search(r"\{80, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1, 0\.01\}", table)
     assert rule and names[int(rule.group(1))] == "cutlass_ops_conv2d_fused_f16_sm80_256x64x32_4s_4x1w_o_align8"
     assert "kNumProfileRules = 2" in table  # the f16 rule, and bf16 borrowing it
 
@@ -221,7 +221,7 @@ def test_split_k_winner_is_kept_and_parallel_rows_skipped(tmp_path):
     out = tmp_path / "gen"
     generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path), "--out", str(out)])
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
-    assert re.search(r"\{80, DType::kF16, 8, 512, 512, 3, 3, 1, 4LL, \d+, 4\}", table)
+    assert re.search(r"\{80, DType::kF16, 8, 512, 512, 3, 3, 1, 4LL, \d+, 4, 0\.008\}", table)
 
 
 def test_malformed_profile_warns_and_falls_back(tmp_path):
@@ -336,6 +336,6 @@ def test_sm90_profile_rows_are_read_without_warps_and_never_split(tmp_path):
     generate(["--archs", "90", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
     names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
-    rule = re.search(r"\{90, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1\}", table)
+    rule = re.search(r"\{90, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1, 0\.01\}", table)
     assert rule and names[int(rule.group(1))] == kernel_name(key, winner)
     assert f'", 90, DType::kF16, 8, 64, 256, 64, 0, &{kernel_name(key, winner)}, 2, 1}},' in table

@@ -6,8 +6,8 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from cutlass_ops.profiler import (COLUMNS, _NAME, gpu_slug, problems_from_model, resnet_problems,
-                                  split_k_candidates, sweep)
+from cutlass_ops.profiler import (COLUMNS, _NAME, _NAME90, gpu_slug, kernel_families, problems_from_model,
+                                  resnet_problems, split_k_candidates, sweep)
 from _helpers import HAS_CUDA
 
 
@@ -42,16 +42,23 @@ def test_gpu_slug():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_sweep_writes_profiler_rows_and_resumes(tmp_path):
-    out = tmp_path / "h" / "sm80.csv"
+@pytest.mark.parametrize("family", [80, 90])
+def test_sweep_writes_profiler_rows_and_resumes(tmp_path, family):
+    if family not in kernel_families():
+        pytest.skip(f"no family-{family} kernels for this GPU in this build")
+    out = tmp_path / "h" / f"sm{family}.csv"
     problems = [dict(n=2, h=8, w=8, c=64, k=64, r=3, s=3, pad=1, stride=1)]
-    written = sweep(problems, out, iters=3)
-    # The sweep measures the family-80 kernels (the names _NAME matches), not family 90's.
+    written = sweep(problems, out, iters=3, family=family)
+    # The sweep measures the kernels of one family (the names its pattern matches).
+    name = _NAME90 if family == 90 else _NAME
     kernels = [k for k in torch.ops.cutlass_ops.conv2d_fused_kernels()
-               if "_f16_" in k and k.endswith("align8") and _NAME.match(k)]
+               if "_f16_" in k and k.endswith("align8") and f"_sm{family}_" in k and name.match(k)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    expected = {(k, split) for k in kernels for split in split_k_candidates(problems[0], _NAME.match(k), sms)}
-    assert written == len(expected) > len(kernels) > 0  # 128 output rows: split-K is swept too
+    expected = {(k, split) for k in kernels for split in split_k_candidates(problems[0], name.match(k), sms)}
+    if family == 80:
+        assert written == len(expected) > len(kernels) > 0  # 128 output rows: split-K is swept too
+    else:
+        assert written == len(expected) == len(kernels) > 0  # no split-K in family 90
     with open(out) as f:
         assert f.readline().startswith("# cutlass_ops profile:")
         rows = list(csv.DictReader(f))
@@ -59,7 +66,9 @@ def test_sweep_writes_profiler_rows_and_resumes(tmp_path):
     assert {(r["Operation"], int(r["split_k_slices"])) for r in rows} == expected
     # "passed" means checked against a float32 reference, split or not.
     assert all(r["Disposition"] == "passed" and float(r["Runtime"]) > 0 for r in rows)
-    assert sweep(problems, out, iters=3) == 0  # resumed: nothing left to measure
+    if family == 90:  # what the generator reads back: a cluster, no warps
+        assert all(r["warps_m"] == "" and int(r["cluster_m"]) >= 1 for r in rows)
+    assert sweep(problems, out, iters=3, family=family) == 0  # resumed: nothing left to measure
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
