@@ -250,7 +250,8 @@ def _row(idx, p, k, dname, family, split, ms, disposition) -> dict:
                split_k_mode="serial", split_k_slices=split, eq_gemm_provider="none", op_class="tensorop",
                accum="f32", cta_m=k["m"], cta_n=k["n"], cta_k=k["k"], cluster_m=1, cluster_n=1, cluster_k=1,
                cluster_m_fallback=1, cluster_n_fallback=1, cluster_k_fallback=1, stages=k["stages"],
-               warps_m=k["wm"], warps_n=k["wn"], warps_k=1, inst_m=16, inst_n=8, inst_k=16,
+               warps_m=k.groupdict().get("wm"), warps_n=k.groupdict().get("wn"), warps_k=1,
+               inst_m=16, inst_n=8, inst_k=16,
                min_cc=family, max_cc=1024, Bytes=nbytes, Flops=flops, Runtime=f"{ms:.6f}")
     if family == 90:  # a cluster instead of warps; the tile's wgmma instruction is 64 x N x 16
         row.update(cluster_m=k["cm"], cluster_n=k["cn"], cluster_m_fallback=k["cm"], cluster_n_fallback=k["cn"],
