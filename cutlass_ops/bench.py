@@ -391,6 +391,7 @@ def bench_resnet(batch_sizes=(128, 512, 2048), dtype=torch.float16, in_channels=
         breakdown = results.get("FusedResNet", {}).get("kernel_us", [])
         row = {"n": n, "fused_vs_eager_rel_error": rel, "work": work,
                "fused_kernels_per_forward": len(breakdown), "fused_kernel_us": breakdown,
+               "layers": layer_table(n, breakdown, in_channels, peak),
                "results": results, "ratios": ratios(results)}
         tp = row["ratios"].get("throughput_ms")
         if tp:
@@ -480,10 +481,67 @@ def print_resnet_table(result: dict) -> None:
             print(f"  at our best throughput: {row['fused_tflops']:.0f} TFLOP/s "
                   f"({100 * row['fraction_of_tensor_peak']:.1f}% of dense fp16 peak), {row['fused_tb_s']:.2f} TB/s "
                   f"({100 * row['fraction_of_hbm_peak']:.1f}% of HBM peak)")
-    row = max(result["rows"], key=lambda r: r["n"] == 128)
-    print(f"per-kernel device time of one FusedResNet forward, N={row['n']} (µs, torch.profiler):")
-    for name, us in row.get("fused_kernel_us", []):
-        print(f"  {us:8.1f}  {name}")
+    row = max(result["rows"], key=lambda r: r["n"])
+    layers = layer_table(row["n"], row.get("fused_kernel_us", []), result["in_channels"], result["peaks"])
+    if layers:
+        print_layer_table(row["n"], layers)
+
+
+def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[dict]:
+    """One FusedResNet forward's kernels (kernel_us: (name, µs) in launch order, from its
+    device-time measurement) as layers: each conv's TFLOP/s and fraction of the dense fp16
+    peak; each memory-bound kernel's (stem, se_gate) compulsory bytes, TB/s and fraction of
+    HBM bandwidth.  Empty when the kernel sequence is not the one expected (16 kernels)."""
+    from .models import SEResNet9FixUp
+    from .small_map_conv import runs_dense
+    model = SEResNet9FixUp(in_channels)
+    hw, c = 16, 64
+    # the stem reads the input and writes block 0's input
+    expected = [("stem (space-to-depth 1x1 conv)", "stem", 0.0, 2 * n * (in_channels * 64 * 64 + 64 * hw * hw))]
+    blocks = [layer[0] for layer in model.layers]
+    for i, blk in enumerate(blocks):
+        k, st = blk.conv1.out_channels, blk.conv1.stride[0]
+        out = (hw - 1) // st + 1
+        expected.append((f"layers.{i}.conv1 3x3/{st} {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c * 9, 0))
+        if runs_dense(out, out, 3, 3):  # a dense layer on the whole map: the FLOPs it executes
+            expected.append((f"layers.{i}.conv2 as dense {k * out * out}->{k * out * out}", "conv",
+                             2.0 * n * (k * out * out) ** 2, 0))
+        else:
+            expected.append((f"layers.{i}.conv2 3x3/1 {k}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * k * 9, 0))
+        if blk.downsample is not None:
+            expected.append((f"layers.{i}.downsample 1x1 {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c, 0))
+        pool_next = i + 1 < len(blocks) and blocks[i + 1].downsample is not None
+        act = 2 * n * k * out * out  # bytes of one activation map
+        # se_gate: reads h and the identity, writes out (and the pooled map for the next block)
+        expected.append((f"layers.{i}.se_gate", "se_gate", 0.0, 3 * act + (act // 4 if pool_next else 0)))
+        hw, c = out, k
+    if len(kernel_us) != len(expected) or any(
+            (kind == "conv") != ("conv2d_fused" in name or "gemm" in name.lower() or "Conv" in name)
+            for (_, kind, _, _), (name, _) in zip(expected, kernel_us)):
+        return []
+    rows = []
+    for (layer, kind, flops, nbytes), (name, us) in zip(expected, kernel_us):
+        row = {"layer": layer, "kernel": name, "us": us}
+        if kind == "conv":
+            row["tflops"] = flops / (us * 1e-6) / 1e12
+            row["fraction_of_tensor_peak"] = row["tflops"] / peaks["tflops_dense_fp16_datasheet"]
+        else:
+            row["tb_s"] = nbytes / (us * 1e-6) / 1e12
+            row["fraction_of_hbm_peak"] = row["tb_s"] / peaks["hbm_tb_s_datasheet"]
+        rows.append(row)
+    return rows
+
+
+def print_layer_table(n: int, layers: list[dict]) -> None:
+    print(f"per layer, one FusedResNet forward at N={n} (device µs from torch.profiler; convs: TFLOP/s and "
+          f"fraction of dense fp16 peak; stem and se_gate: compulsory HBM bytes / time and fraction of HBM peak):")
+    for r in layers:
+        if "tflops" in r:
+            rate = f"{r['tflops']:6.0f} TFLOP/s  {100 * r['fraction_of_tensor_peak']:5.1f}% of peak"
+        else:
+            rate = f"{r['tb_s']:6.2f} TB/s     {100 * r['fraction_of_hbm_peak']:5.1f}% of HBM"
+        family = "sm90" if "sm90" in r["kernel"] else "sm80" if "conv2d_fused" in r["kernel"] else ""
+        print(f"  {r['layer']:<40} {r['us']:7.1f} us  {rate}  {family}")
 
 
 def _systems(rows) -> list:
