@@ -515,9 +515,11 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
         # se_gate: reads h and the identity, writes out (and the pooled map for the next block)
         expected.append((f"layers.{i}.se_gate", "se_gate", 0.0, 3 * act + (act // 4 if pool_next else 0)))
         hw, c = out, k
-    if len(kernel_us) != len(expected) or any(
-            (kind == "conv") != ("conv2d_fused" in name or "gemm" in name.lower() or "Conv" in name)
-            for (_, kind, _, _), (name, _) in zip(expected, kernel_us)):
+    def matches(kind: str, name: str) -> bool:
+        return "conv2d_fused" in name if kind == "conv" else {"stem": "space_to_depth", "se_gate": "se_gate"}[kind] in name
+
+    if len(kernel_us) != len(expected) or not all(
+            matches(kind, name) for (_, kind, _, _), (name, _) in zip(expected, kernel_us)):
         return []
     rows = []
     for (layer, kind, flops, nbytes), (name, us) in zip(expected, kernel_us):

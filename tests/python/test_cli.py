@@ -25,3 +25,23 @@ def test_bench_without_cuda_says_so(what):
     r = cli("bench", what)
     assert r.returncode == 2
     assert "needs a CUDA device" in r.stderr
+
+
+def test_layer_table_maps_kernels_to_layers():
+    """bench resnet's per-layer table: 16 kernels in launch order -> each conv's TFLOP/s, each
+    memory-bound kernel's TB/s; another kernel sequence gives no table (never a wrong one)."""
+    from cutlass_ops.bench import layer_table
+    peaks = {"tflops_dense_fp16_datasheet": 989.0, "hbm_tb_s_datasheet": 3.35}
+    conv, se = "_ZN11cutlass_ops12conv2d_fused4sm9024conv2d_fused_sm90_kernel", "cutlass_ops::se_gate::se_gate_kernel"
+    names = ["space_to_depth_conv_kernel", conv, conv, se] + [conv, conv, conv, se] * 3
+    kernels = [(name, 100.0) for name in names]
+    layers = layer_table(2048, kernels, 3, peaks)
+    assert [r["layer"].split()[0] for r in layers][:5] == [
+        "stem", "layers.0.conv1", "layers.0.conv2", "layers.0.se_gate", "layers.1.conv1"]
+    conv1 = layers[1]  # 3x3, 64 -> 64 on 16x16: 2 * 2048 * 256 * 64 * 64 * 9 FLOPs in 100 us
+    assert abs(conv1["tflops"] - 2 * 2048 * 256 * 64 * 64 * 9 / 100e-6 / 1e12) < 1e-6
+    se0 = layers[3]  # reads h and the identity, writes out and the 4x smaller pooled map
+    assert abs(se0["tb_s"] - 2 * 2048 * 64 * 256 * 3.25 / 100e-6 / 1e12) < 1e-6
+    assert "dense" in layers[13]["layer"] and "tflops" in layers[13]
+    assert layer_table(2048, kernels[:-1], 3, peaks) == []               # a kernel missing
+    assert layer_table(2048, [(se, 1.0)] + kernels[1:], 3, peaks) == []  # not the stem first
