@@ -7,7 +7,8 @@
 # and for the Hopper-native kernels: sm90-tests, sm90-sweep, profile90 (profile the family-90
 # kernels into profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it),
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
-# resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0).
+# resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
+# wheel carried in gpu_carry/, installed into a folder of its own).
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -75,6 +76,17 @@ for step in ${STEPS:-}; do
       CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q --no-build-isolation --no-deps . -Cbuild-dir=build-session \
         > /tmp/gpu_session_build.log 2>&1 || { tail -30 /tmp/gpu_session_build.log; exit 1; }
       grep -o "cutlass_ops_gen: .*profile rules.*" /tmp/gpu_session_build.log
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    wheel-tests)  # the wheel in gpu_carry/ (built elsewhere), installed on its own, under the GPU tests
+      whl=$(ls gpu_carry/cutlass_ops-*.whl 2>/dev/null | head -1)
+      [ -n "$whl" ] || { echo "$step: no gpu_carry/cutlass_ops-*.whl"; continue; }
+      rm -rf /tmp/wheel_site && "$PYTHON" -m pip install -q --no-deps --target /tmp/wheel_site "$whl"
+      echo "$step: $(basename "$whl") ($(du -m "$whl" | cut -f1) MiB)"
+      (cd /tmp && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -c \
+         "import cutlass_ops, json; print('imported from', cutlass_ops.__file__); print(json.dumps(cutlass_ops._library.build_info()))" \
+       && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
+         -x "$REPO/tests/python" > "$OUT/wheel_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/wheel_tests.log" | tail -5
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-sweep)  # docs/experiments/sm90_conv3x_fprop: stock sm90 fprop variants vs cuDNN
       OUT=$OUT timeout "$limit" bash docs/experiments/sm90_conv3x_fprop/run_sweep.sh > /tmp/sm90_sweep.txt 2>&1 \
