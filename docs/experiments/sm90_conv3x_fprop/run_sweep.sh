@@ -66,10 +66,25 @@ VARIANTS=(
   "t128x128_s4_tmav_c2x1  $ND -DTM=128 -DTN=128 -DSTAGES=4 $V -DCM=2"
   "t64x256_auto           $ND -DTM=64  -DTN=256 -DSTAGES=0 -DEPI=0"
   "t64x256_s3_tmav        $ND -DTM=64  -DTN=256 -DSTAGES=3 $V"
+  # Persistent kernels (sm90_conv_persistent.hpp: the conv mainloop inside CUTLASS's GEMM cooperative /
+  # ping-pong kernels, 384 threads, PersistentTileSchedulerSm90, grid = #SMs). SCHED=1 cooperative (two
+  # consumer warp groups split the tile along M, TM >= 128), SCHED=2 ping-pong (each warp group its own tile,
+  # one's epilogue overlaps the other's MMA). SWZ = scheduler max_swizzle_size. Only these:
+  # VARIANTS_RE='^(coop|pp)_'
+  "coop_t128x128_s4_tmav  $ND -DTM=128 -DTN=128 -DSTAGES=4 $V -DSCHED=1"
+  "coop_t128x128_s6_tmav  $ND -DTM=128 -DTN=128 -DSTAGES=6 $V -DSCHED=1"
+  "coop_t128x64_s6_tmav   $ND -DTM=128 -DTN=64  -DSTAGES=6 $V -DSCHED=1"
+  "coop_t256x128_s4_tmav  $ND -DTM=256 -DTN=128 -DSTAGES=4 $V -DSCHED=1"
+  "coop_t128x256_s4_tmav  $ND -DTM=128 -DTN=256 -DSTAGES=4 $V -DSCHED=1"
+  "coop_t128x128_s4_tmav_swz4 $ND -DTM=128 -DTN=128 -DSTAGES=4 $V -DSCHED=1 -DSWZ=4"
+  "pp_t64x128_s6_tmav     $ND -DTM=64  -DTN=128 -DSTAGES=6 $V -DSCHED=2"
+  "pp_t128x64_s6_tmav     $ND -DTM=128 -DTN=64  -DSTAGES=6 $V -DSCHED=2"
+  "pp_t128x128_s4_tmav    $ND -DTM=128 -DTN=128 -DSTAGES=4 $V -DSCHED=2"
 )
 # Not swept (compiled once with nvcc 13.0 while preparing this; see README.md):
 #  - 128x256 / 256x128 tiles with fp32 accumulators: the only sm90 conv kernel schedule has ONE consumer
 #    warpgroup, so they need 256 accumulator registers/thread: 255 registers, 4.6 KB spills, C7511.
+#    (With two consumer warp groups they fit: coop_t256x128_s4_tmav / coop_t128x256_s4_tmav above.)
 #  - 128x128 with MINB=2 (<= 128 registers): 2.5 KB spills and C7511 (wgmma serialized).
 #  - 128x64 with MINB=3 (<= 80 registers): 1.2 KB spills and C7512 (wgmma serialized).
 #  - 64x128 with MINB=3: ptxas fatal C7602 "Insufficient registers (80)".

@@ -330,12 +330,16 @@ int main(int argc, char** argv) {
         exit_code = 5;
         continue;
       }
-      CheckStats hs{};
-      CK(cudaMemsetAsync(dstats, 0, sizeof(CheckStats), stream));
-      check<<<1024, 256, 0, stream>>>(y, ref, ny, 1e-2f, 4e-3f, dstats);
-      CK(cudaGetLastError());
-      CK(cudaMemcpyAsync(&hs, dstats, sizeof hs, cudaMemcpyDeviceToHost, stream));
-      CK(cudaStreamSynchronize(stream));
+      auto verify = [&]() {
+        CheckStats r{};
+        CK(cudaMemsetAsync(dstats, 0, sizeof(CheckStats), stream));
+        check<<<1024, 256, 0, stream>>>(y, ref, ny, 1e-2f, 4e-3f, dstats);
+        CK(cudaGetLastError());
+        CK(cudaMemcpyAsync(&r, dstats, sizeof r, cudaMemcpyDeviceToHost, stream));
+        CK(cudaStreamSynchronize(stream));
+        return r;
+      };
+      CheckStats hs = verify();
       float max_abs;
       memcpy(&max_abs, &hs.max_abs_err_bits, sizeof max_abs);
       double rel_l2 = hs.sum_sq_ref > 0 ? std::sqrt(hs.sum_sq_err / hs.sum_sq_ref) : 0;
@@ -358,6 +362,17 @@ int main(int argc, char** argv) {
         snprintf(b, sizeof b, "%s,\"status\":\"error\",\"why\":\"%s\"}", base().c_str(), cudaGetErrorString(err));
         emit(b);
         return 5;
+      }
+      // Check again the output of the last timed launch (back-to-back launches of the persistent kernels
+      // must not depend on state a previous launch left behind).
+      {
+        CheckStats h2 = verify();
+        if (h2.nonfinite != 0 || h2.bad != 0) {
+          if (ok) printf("%-22s %-28s output of the last timed launch is WRONG\n", info.name.c_str(), pstr(pb).c_str());
+          ok = false;
+          hs.nonfinite += h2.nonfinite;
+          hs.bad += h2.bad;
+        }
       }
       std::sort(t.begin(), t.end());
       float med = t[t.size() / 2], mn = t[0];
