@@ -88,9 +88,9 @@ void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor>
   std::pair<char const*, at::Tensor const*> const maps[] = {{"grad_out", &grad_out}, {"out", &out}};
   for (auto const& [name, t] : maps) {
     TORCH_CHECK_VALUE(t->sizes() == h.sizes(), "se_gate_backward: ", name, " must have h's shape ", h.sizes(),
-                      " (grad_out and out must), got ", t->sizes());
-    TORCH_CHECK_VALUE(t->scalar_type() == h.scalar_type(), "se_gate_backward: ", name, " dtype ", t->scalar_type(),
-                      " differs from h dtype ", h.scalar_type());
+                      ", got ", t->sizes());
+    TORCH_CHECK_VALUE(t->scalar_type() == h.scalar_type(), "se_gate_backward: ", name, " must have h's dtype ",
+                      h.scalar_type(), ", got ", t->scalar_type());
     TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate_backward: ", name, " is on ", t->device(),
                       " but h is on ", h.device());
   }
