@@ -29,8 +29,13 @@ import torch
 from . import _library  # noqa: F401  (loads the op library)
 
 
-def _as_float(boxes: torch.Tensor) -> torch.Tensor:
-    # torchvision upcasts integer boxes before computing
+def _as_float(boxes: torch.Tensor, name: str = "boxes") -> torch.Tensor:
+    # torchvision upcasts integer boxes before computing; complex ones would lose their
+    # imaginary part (with only a warning): refuse them.
+    if not isinstance(boxes, torch.Tensor):
+        raise TypeError(f"giou_loss: {name} must be a tensor, got {type(boxes).__name__}")
+    if boxes.is_complex():
+        raise ValueError(f"giou_loss: {name} must be real (float or integer), got {boxes.dtype}")
     return boxes if boxes.is_floating_point() else boxes.float()
 
 
@@ -41,7 +46,8 @@ def giou_loss(boxes1: torch.Tensor, boxes2: torch.Tensor, reduction: str = "none
     boxes1, boxes2  [..., 4] xyxy boxes, same shape, dtype and device.
     reduction       "none" ([...] per-box loss), "mean" or "sum" (0-d; mean of no boxes is 0).
     """
-    return torch.ops.cutlass_ops.giou_loss(_as_float(boxes1), _as_float(boxes2), None, None, None,
+    return torch.ops.cutlass_ops.giou_loss(_as_float(boxes1, "boxes1 (pred)"), _as_float(boxes2, "boxes2 (target)"),
+                                           None, None, None,
                                            reduction, eps)[0]
 
 
@@ -57,7 +63,8 @@ def giou_loss_padded(pred: torch.Tensor, target: torch.Tensor, counts: Optional[
     """
     if pred.dim() != 3:
         raise ValueError(f"giou_loss_padded: pred must be (B, M, 4), got {tuple(pred.shape)}")
-    return torch.ops.cutlass_ops.giou_loss(_as_float(pred), _as_float(target), mask, counts, None,
+    return torch.ops.cutlass_ops.giou_loss(_as_float(pred, "boxes1 (pred)"), _as_float(target, "boxes2 (target)"),
+                                           mask, counts, None,
                                            reduction, eps)[0]
 
 
@@ -70,7 +77,8 @@ def giou_loss_ragged(pred: torch.Tensor, target: torch.Tensor, offsets: torch.Te
                   Boxes outside offsets[0]:offsets[B] (e.g. a preallocated tail) are invalid.
     reduction     "none" ((T,), 0 at invalid boxes), "mean" over all valid boxes of the batch, "sum".
     """
-    return torch.ops.cutlass_ops.giou_loss(_as_float(pred), _as_float(target), None, None, offsets,
+    return torch.ops.cutlass_ops.giou_loss(_as_float(pred, "boxes1 (pred)"), _as_float(target, "boxes2 (target)"),
+                                           None, None, offsets,
                                            reduction, eps)[0]
 
 

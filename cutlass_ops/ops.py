@@ -11,12 +11,22 @@ Scalar = Union[float, torch.Tensor, None]
 
 
 def _pair(v: Union[int, Sequence[int]], name: str) -> list[int]:
-    if isinstance(v, int):
+    if isinstance(v, int) and not isinstance(v, bool):
         return [v, v]
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise TypeError(f"{name} must be an int or two ints, got {type(v).__name__} {v!r}")
     v = list(v)
-    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+    if len(v) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
         raise ValueError(f"{name} must be an int or two ints, got {v}")
     return v
+
+
+def _check_devices(op: str, first: tuple[str, torch.Tensor], *named: tuple[str, Optional[torch.Tensor]]) -> None:
+    """As the C++ checks do (the fake impls also run for a mix of meta and real tensors)."""
+    ref_name, ref = first
+    for name, t in named:
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
 def _as_tensor(v: Scalar, like: torch.Tensor) -> Optional[torch.Tensor]:
@@ -83,6 +93,8 @@ def conv2d_fused_kernel_family(name: str) -> int:
 @torch.library.register_fake("cutlass_ops::conv2d_fused")
 def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post_bias=None,
                        stride=(1, 1), padding=(0, 0), relu=False):
+    _check_devices("conv2d_fused", ("input", input), ("weight", weight), ("bias", bias), ("residual", residual),
+                   ("scale", scale), ("post_bias", post_bias))
     torch._check(input.dim() == 4, lambda: "conv2d_fused: input must be 4-D")
     torch._check(weight.dim() == 4, lambda: "conv2d_fused: weight must be 4-D")
     torch._check(weight.shape[1] == input.shape[1],
@@ -119,6 +131,9 @@ def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
 @torch.library.register_fake("cutlass_ops::se_gate")
 def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, identity_bias=None,
                   post_bias=None, avgpool=False, h_bias=None):
+    _check_devices("se_gate", ("h", h), ("identity", identity), ("fc1_weight", fc1_weight), ("fc1_bias", fc1_bias),
+                   ("fc2_weight", fc2_weight), ("fc2_bias", fc2_bias), ("identity_bias", identity_bias),
+                   ("post_bias", post_bias), ("h_bias", h_bias))
     torch._check(h.dim() == 4, lambda: "se_gate: h must be 4-D")
     torch._check(identity.shape == h.shape, lambda: "se_gate: identity shape differs from h")
     out = torch.empty_like(h, memory_format=torch.channels_last)
@@ -158,6 +173,9 @@ def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor]
 @torch.library.register_fake("cutlass_ops::se_gate_backward")
 def _se_gate_backward_fake(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
                            post_bias=None, h_bias=None):
+    _check_devices("se_gate_backward", ("h", h), ("grad_out", grad_out), ("grad_pooled", grad_pooled), ("out", out),
+                   ("fc1_weight", fc1_weight), ("fc1_bias", fc1_bias), ("fc2_weight", fc2_weight),
+                   ("fc2_bias", fc2_bias), ("post_bias", post_bias), ("h_bias", h_bias))
     torch._check(h.dim() == 4, lambda: "se_gate_backward: h must be 4-D")
     torch._check(grad_out.shape == h.shape and out.shape == h.shape,
                  lambda: "se_gate_backward: grad_out and out must have h's shape")
@@ -183,6 +201,7 @@ def relu_backward(grad: torch.Tensor, out: torch.Tensor, post_bias: Scalar = Non
 
 @torch.library.register_fake("cutlass_ops::relu_backward")
 def _relu_backward_fake(grad, out, post_bias=None):
+    _check_devices("relu_backward", ("out", out), ("grad", grad), ("post_bias", post_bias))
     torch._check(grad.shape == out.shape, lambda: "relu_backward: grad shape differs from out shape")
     fmt = torch.channels_last if out.dim() == 4 else torch.contiguous_format
     acc = torch.float64 if out.dtype == torch.float64 else torch.float32
@@ -207,6 +226,7 @@ def space_to_depth_conv(input: torch.Tensor, weight: torch.Tensor, post_bias: Sc
 
 @torch.library.register_fake("cutlass_ops::space_to_depth_conv")
 def _space_to_depth_conv_fake(input, weight, post_bias=None, relu=False):
+    _check_devices("space_to_depth_conv", ("input", input), ("weight", weight), ("post_bias", post_bias))
     torch._check(input.dim() == 4, lambda: "space_to_depth_conv: input must be 4-D")
     torch._check(weight.shape[1] == 16 * input.shape[1],
                  lambda: "space_to_depth_conv: weight must have 16 * C input channels")
@@ -233,6 +253,8 @@ def space_to_depth_conv_weight_grad(grad: torch.Tensor, input: torch.Tensor, out
 
 @torch.library.register_fake("cutlass_ops::space_to_depth_conv_weight_grad")
 def _space_to_depth_conv_weight_grad_fake(grad, input, out=None, post_bias=None):
+    _check_devices("space_to_depth_conv_weight_grad", ("input", input), ("grad", grad), ("out", out),
+                   ("post_bias", post_bias))
     torch._check(input.dim() == 4 and grad.dim() == 4,
                  lambda: "space_to_depth_conv_weight_grad: input and grad must be 4-D")
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
@@ -288,6 +310,7 @@ def _conv_output_size(input_size, weight_size, stride, padding):
 
 @torch.library.register_fake("cutlass_ops::conv2d_dgrad")
 def _conv2d_dgrad_fake(grad_output, weight, input_size, stride=(1, 1), padding=(0, 0), scale=None):
+    _check_devices("conv2d_dgrad", ("grad_output", grad_output), ("weight", weight), ("scale", scale))
     torch._check(tuple(grad_output.shape) == _conv_output_size(input_size, weight.shape, stride, padding),
                  lambda: "conv2d_dgrad: grad_output shape is not the conv's output shape")
     return grad_output.new_empty(list(input_size)).contiguous(memory_format=torch.channels_last)
@@ -295,6 +318,8 @@ def _conv2d_dgrad_fake(grad_output, weight, input_size, stride=(1, 1), padding=(
 
 @torch.library.register_fake("cutlass_ops::conv2d_wgrad")
 def _conv2d_wgrad_fake(grad_output, input, weight, stride=(1, 1), padding=(0, 0), scale=None):
+    _check_devices("conv2d_wgrad", ("grad_output", grad_output), ("input", input), ("weight", weight),
+                   ("scale", scale))
     torch._check(tuple(grad_output.shape) == _conv_output_size(input.shape, weight.shape, stride, padding),
                  lambda: "conv2d_wgrad: grad_output shape is not the conv's output shape")
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32

@@ -21,7 +21,8 @@ ConvShape conv_shape(char const* op, at::Tensor const& grad_output, at::IntArray
                      at::IntArrayRef stride, at::IntArrayRef padding) {
   TORCH_CHECK_VALUE(grad_output.dim() == 4, op, ": grad_output must be 4-D (N, K, P, Q), got ", grad_output.dim(),
                     "-D");
-  TORCH_CHECK_VALUE(x.size() == 4 && w.size() == 4, op, ": input and weight sizes must be 4-D, got ", x, " and ", w);
+  TORCH_CHECK_VALUE(x.size() == 4, op, ": input_size must be the input's 4 sizes (N, C, H, W), got ", x);
+  TORCH_CHECK_VALUE(w.size() == 4, op, ": weight must be 4-D (K, C, R, S), got ", w);
   TORCH_CHECK_VALUE(at::isFloatingType(grad_output.scalar_type()), op, ": grad_output must be floating, got ",
                     grad_output.scalar_type());
   check_conv_args(op, stride, padding);

@@ -16,13 +16,15 @@ void check_inputs(at::Tensor const& grad, at::Tensor const& out, c10::optional<a
                     out.scalar_type());
   TORCH_CHECK_VALUE(grad.scalar_type() == out.scalar_type(), "relu_backward: grad dtype ", grad.scalar_type(),
                     " differs from out dtype ", out.scalar_type());
-  TORCH_CHECK_VALUE(grad.device() == out.device(), "relu_backward: grad on ", grad.device(), " but out on ",
+  TORCH_CHECK_VALUE(grad.device() == out.device(), "relu_backward: grad is on ", grad.device(), " but out is on ",
                     out.device());
   if (post_bias) {
     TORCH_CHECK_VALUE(post_bias->numel() == 1 && post_bias->dim() <= 1,
                       "relu_backward: post_bias must be a scalar tensor, got ", post_bias->sizes());
-    TORCH_CHECK_VALUE(post_bias->device() == out.device(), "relu_backward: post_bias on ", post_bias->device(),
-                      " but out on ", out.device());
+    TORCH_CHECK_VALUE(at::isFloatingType(post_bias->scalar_type()), "relu_backward: post_bias must be floating, got ",
+                      post_bias->scalar_type());
+    TORCH_CHECK_VALUE(post_bias->device() == out.device(), "relu_backward: post_bias is on ", post_bias->device(),
+                      " but out is on ", out.device());
   }
 }
 

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_excite_kernel(SeGat
       float const d = warp_sum(dot[i]) + bias;
       if (lane == 0 && i < images) {
         pre1[i * R + r] = d;
-        hidden[i * R + r] = fmaxf(d, 0.f);
+        hidden[i * R + r] = d < 0.f ? 0.f : d;  // keeps NaN, like torch.relu (and the forward)
       }
     }
   }

@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
       if (i >= images) break;
       float d = dot[i];
       for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      if (sub == 0 && r < a.R) hidden[i * a.R + r] = fmaxf(d * inv_hw + a.b1[r], 0.f);
+      float const pre = d * inv_hw + a.b1[r];
+      if (sub == 0 && r < a.R) hidden[i * a.R + r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
     }
   }
   __syncthreads();  // hidden is complete, and every read of the sums is done

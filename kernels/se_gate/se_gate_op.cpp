@@ -6,6 +6,8 @@
 
 #include <torch/library.h>
 
+#include <utility>
+
 namespace cutlass_ops {
 namespace se_gate {
 
@@ -13,38 +15,42 @@ void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor co
                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
                   c10::optional<at::Tensor> const& identity_bias,
                   c10::optional<at::Tensor> const& post_bias,
-                  c10::optional<at::Tensor> const& h_bias) {
-  TORCH_CHECK_VALUE(h.dim() == 4, "se_gate: h must be 4-D (N, C, H, W), got ", h.dim(), "-D");
-  TORCH_CHECK_VALUE(at::isFloatingType(h.scalar_type()), "se_gate: h must be floating, got ",
+                  c10::optional<at::Tensor> const& h_bias, char const* op) {
+  TORCH_CHECK_VALUE(h.dim() == 4, op, ": h must be 4-D (N, C, H, W), got ", h.dim(), "-D");
+  TORCH_CHECK_VALUE(at::isFloatingType(h.scalar_type()), op, ": h must be floating, got ",
                     h.scalar_type());
-  TORCH_CHECK_VALUE(identity.sizes() == h.sizes(), "se_gate: identity shape ", identity.sizes(),
+  TORCH_CHECK_VALUE(identity.sizes() == h.sizes(), op, ": identity shape ", identity.sizes(),
                     " differs from h shape ", h.sizes());
-  TORCH_CHECK_VALUE(identity.scalar_type() == h.scalar_type(), "se_gate: identity dtype ",
+  TORCH_CHECK_VALUE(identity.scalar_type() == h.scalar_type(), op, ": identity dtype ",
                     identity.scalar_type(), " differs from h dtype ", h.scalar_type());
   int64_t C = h.size(1);
-  TORCH_CHECK_VALUE(w1.dim() == 2 && w1.size(1) == C, "se_gate: fc1_weight must be (R, ", C,
+  TORCH_CHECK_VALUE(w1.dim() == 2 && w1.size(1) == C, op, ": fc1_weight must be (R, ", C,
                     "), got ", w1.sizes());
   int64_t R = w1.size(0);
-  TORCH_CHECK_VALUE(b1.dim() == 1 && b1.size(0) == R, "se_gate: fc1_bias must be (", R, "), got ",
+  TORCH_CHECK_VALUE(b1.dim() == 1 && b1.size(0) == R, op, ": fc1_bias must be (", R, "), got ",
                     b1.sizes());
   TORCH_CHECK_VALUE(w2.dim() == 2 && w2.size(0) == C && w2.size(1) == R,
-                    "se_gate: fc2_weight must be (", C, ", ", R, "), got ", w2.sizes());
-  TORCH_CHECK_VALUE(b2.dim() == 1 && b2.size(0) == C, "se_gate: fc2_bias must be (", C,
+                    op, ": fc2_weight must be (", C, ", ", R, "), got ", w2.sizes());
+  TORCH_CHECK_VALUE(b2.dim() == 1 && b2.size(0) == C, op, ": fc2_bias must be (", C,
                     "), got ", b2.sizes());
-  for (auto const* t : {&identity, &w1, &b1, &w2, &b2}) {
-    TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate: all tensors must be on ", h.device(),
-                      ", got one on ", t->device());
+  std::pair<char const*, at::Tensor const*> const named[] = {
+      {"identity", &identity}, {"fc1_weight", &w1}, {"fc1_bias", &b1}, {"fc2_weight", &w2}, {"fc2_bias", &b2}};
+  for (auto const& [name, t] : named) {
+    TORCH_CHECK_VALUE(t->device() == h.device(), op, ": ", name, " is on ", t->device(), " but h is on ",
+                      h.device());
+    TORCH_CHECK_VALUE(at::isFloatingType(t->scalar_type()), op, ": ", name, " must be floating, got ",
+                      t->scalar_type());
   }
-  for (auto const* t : {&w1, &b1, &w2, &b2}) {
-    TORCH_CHECK_VALUE(at::isFloatingType(t->scalar_type()), "se_gate: excite weights must be floating");
-  }
-  for (auto const* s : {&identity_bias, &post_bias, &h_bias}) {
-    if (*s) {
-      TORCH_CHECK_VALUE((*s)->numel() == 1 && (*s)->dim() <= 1,
-                        "se_gate: identity_bias/post_bias/h_bias must be scalar tensors, got ", (*s)->sizes());
-      TORCH_CHECK_VALUE((*s)->device() == h.device(), "se_gate: scalar on ", (*s)->device(),
-                        " but h on ", h.device());
-    }
+  std::pair<char const*, c10::optional<at::Tensor> const*> const scalars[] = {
+      {"identity_bias", &identity_bias}, {"post_bias", &post_bias}, {"h_bias", &h_bias}};
+  for (auto const& [name, s] : scalars) {
+    if (!*s) continue;
+    TORCH_CHECK_VALUE((*s)->numel() == 1 && (*s)->dim() <= 1, op, ": ", name,
+                      " must be a scalar tensor (0-d or one element), got shape ", (*s)->sizes());
+    TORCH_CHECK_VALUE(at::isFloatingType((*s)->scalar_type()), op, ": ", name, " must be floating, got ",
+                      (*s)->scalar_type());
+    TORCH_CHECK_VALUE((*s)->device() == h.device(), op, ": ", name, " is on ", (*s)->device(),
+                      " but h is on ", h.device());
   }
 }
 
@@ -79,15 +85,17 @@ void check_backward_inputs(at::Tensor const& grad_out, c10::optional<at::Tensor>
                            at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
                            at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
                            c10::optional<at::Tensor> const& post_bias, c10::optional<at::Tensor> const& h_bias) {
-  for (auto const* t : {&grad_out, &out}) {
-    TORCH_CHECK_VALUE(t->sizes() == h.sizes(), "se_gate_backward: grad_out and out must have h's shape ",
-                      h.sizes(), ", got ", t->sizes());
-    TORCH_CHECK_VALUE(t->scalar_type() == h.scalar_type(), "se_gate_backward: grad_out and out must have h's dtype ",
+  std::pair<char const*, at::Tensor const*> const maps[] = {{"grad_out", &grad_out}, {"out", &out}};
+  for (auto const& [name, t] : maps) {
+    TORCH_CHECK_VALUE(t->sizes() == h.sizes(), "se_gate_backward: ", name, " must have h's shape ", h.sizes(),
+                      ", got ", t->sizes());
+    TORCH_CHECK_VALUE(t->scalar_type() == h.scalar_type(), "se_gate_backward: ", name, " must have h's dtype ",
                       h.scalar_type(), ", got ", t->scalar_type());
-    TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate_backward: grad_out and out must be on ", h.device(),
-                      ", got one on ", t->device());
+    TORCH_CHECK_VALUE(t->device() == h.device(), "se_gate_backward: ", name, " is on ", t->device(),
+                      " but h is on ", h.device());
   }
-  check_inputs(h, out, w1, b1, w2, b2, c10::nullopt, post_bias, h_bias);  // out stands where identity did
+  // out stands where identity did (same shape, dtype and device: checked above).
+  check_inputs(h, out, w1, b1, w2, b2, c10::nullopt, post_bias, h_bias, "se_gate_backward");
   if (grad_pooled) {
     auto want = pooled_shape(h);
     TORCH_CHECK_VALUE(grad_pooled->sizes() == at::IntArrayRef(want), "se_gate_backward: grad_pooled must be ",

@@ -14,7 +14,7 @@ void check_inputs(at::Tensor const& h, at::Tensor const& identity, at::Tensor co
                   at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
                   c10::optional<at::Tensor> const& identity_bias,
                   c10::optional<at::Tensor> const& post_bias,
-                  c10::optional<at::Tensor> const& h_bias = c10::nullopt);
+                  c10::optional<at::Tensor> const& h_bias = c10::nullopt, char const* op = "se_gate");
 
 // Shape of the pooled output: AvgPool2d(3, 2, 1) of (N, C, H, W).
 inline std::vector<int64_t> pooled_shape(at::Tensor const& h) {

@@ -20,6 +20,9 @@ namespace space_to_depth_conv {
 namespace {
 // The kernels load the weight, the gradient and the saved output 16 bytes at a time.
 bool aligned16(at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
+// The kernels index output pixels with 32-bit ints, including a tile's start plus its
+// pixels and (weight grad) a grid-stride step past the last tile: keep that headroom.
+constexpr int64_t kMaxPixels = INT32_MAX - (int64_t(1) << 24);
 }  // namespace
 
 at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& weight,
@@ -34,7 +37,7 @@ at::Tensor space_to_depth_conv_cuda(at::Tensor const& input, at::Tensor const& w
   DType kernel_dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
   // The kernel indexes output pixels (N * H/4 * W/4) with 32-bit integers.
   if (!kernel_supports(kernel_dtype, compute_capability(input.device().index()), C, K) ||
-      shape[0] * shape[2] * shape[3] >= INT32_MAX) {
+      shape[0] * shape[2] * shape[3] >= kMaxPixels) {
     return space_to_depth_conv_aten(input, weight, post_bias, relu);
   }
   auto out = at::empty(shape, input.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -70,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor> space_to_depth_conv_weight_grad_cuda(
   if (dtype != at::kHalf && dtype != at::kBFloat16) return fallback();
   DType kernel_dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
   int const dev = input.device().index();
-  if (!kernel_supports(kernel_dtype, compute_capability(dev), C, K) || N * (H / kBlock) * (W / kBlock) >= INT32_MAX ||
+  if (!kernel_supports(kernel_dtype, compute_capability(dev), C, K) || N * (H / kBlock) * (W / kBlock) >= kMaxPixels ||
       N == 0) {
     return fallback();
   }

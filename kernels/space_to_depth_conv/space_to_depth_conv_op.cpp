@@ -85,6 +85,8 @@ std::vector<int64_t> check_weight_grad_inputs(at::Tensor const& grad, at::Tensor
   if (post_bias) {
     TORCH_CHECK_VALUE(post_bias->numel() == 1 && post_bias->dim() <= 1, op,
                       ": post_bias must be a scalar tensor, got ", post_bias->sizes());
+    TORCH_CHECK_VALUE(at::isFloatingType(post_bias->scalar_type()), op, ": post_bias must be floating, got ",
+                      post_bias->scalar_type());
     TORCH_CHECK_VALUE(post_bias->device() == input.device(), op, ": post_bias is on ", post_bias->device(),
                       " but input is on ", input.device());
   }

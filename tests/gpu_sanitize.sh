@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# compute-sanitizer over tests/python/test_sanitize_selection.py (issue 22): every kernel of
+# the library at least once, at the smallest shapes that reach it.  Run from the repo root
+# with cutlass_ops installed in $PYTHON (default python3):
+#
+#   bash tests/gpu_sanitize.sh                                  # memcheck racecheck initcheck synccheck
+#   CUTLASS_OPS_SANITIZE_TOOLS="memcheck synccheck" bash tests/gpu_sanitize.sh
+#
+# Per tool, two pytest runs: the tests without CUDA graphs with the caching allocator off
+# (PYTORCH_NO_CUDA_MEMORY_CACHING=1: memcheck then sees every allocation's own bounds, not
+# the caching allocator's block), and the graph tests ("-k graph") with it on (capture needs
+# it).  Writes the per-tool error counts, and the kernels the errors name, to
+# $OUT/sanitize_summary.txt (or docs/results/sanitize_summary.txt without $OUT), the full
+# logs beside it (sanitize_<tool>.log).  Exits nonzero if any tool reports an error, fails
+# a test, or runs past its time limit (CUTLASS_OPS_SANITIZE_TIMEOUT seconds per tool run,
+# default 150).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
+TOOLS=${CUTLASS_OPS_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
+LIMIT=${CUTLASS_OPS_SANITIZE_TIMEOUT:-150}
+DEST=${OUT:-docs/results}
+mkdir -p "$DEST"
+SUMMARY="$DEST/sanitize_summary.txt"
+
+if [ ! -x "$SANITIZER" ]; then
+  SANITIZER=$(command -v compute-sanitizer || true)
+  if [ -z "$SANITIZER" ]; then
+    echo "compute-sanitizer not found at /usr/local/cuda/bin/compute-sanitizer nor on PATH" | tee "$SUMMARY"
+    exit 2
+  fi
+  echo "note: /usr/local/cuda/bin/compute-sanitizer missing; using $SANITIZER"
+fi
+
+{
+  echo "# compute-sanitizer over tests/python/test_sanitize_selection.py"
+  echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  $("$SANITIZER" --version | tail -1)"
+  echo "# GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "# torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null)"
+} > "$SUMMARY"
+
+status=0
+for tool in $TOOLS; do
+  log="$DEST/sanitize_$tool.log"
+  : > "$log"
+  extra=()
+  case "$tool" in
+    memcheck) extra=(--leak-check no) ;;
+    racecheck) extra=(--racecheck-report analysis) ;;
+    initcheck) extra=(--track-unused-memory no) ;;
+    synccheck) ;;
+    *) echo "unknown tool $tool" >&2; exit 2 ;;
+  esac
+  start=$(date +%s)
+  tool_rc=0
+  # pass 1: no graphs, no caching allocator; pass 2: the graph tests, caching allocator on
+  for pass in plain graph; do
+    if [ "$pass" = plain ]; then sel=(-k "not graph"); env_cache=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    else sel=(-k graph); env_cache=(); fi
+    echo "== $tool ($pass)" | tee -a "$log"
+    env "${env_cache[@]}" CUDA_MODULE_LOADING=LAZY timeout "$LIMIT" \
+      "$SANITIZER" --tool "$tool" "${extra[@]}" --print-limit 200 --nvtx no \
+      "$PYTHON" -P -m pytest -p no:cacheprovider -q -x tests/python/test_sanitize_selection.py "${sel[@]}" \
+      >> "$log" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ]; then echo "TIMEOUT after ${LIMIT}s" | tee -a "$log"; fi
+    [ $rc -ne 0 ] && tool_rc=$rc
+  done
+  secs=$(( $(date +%s) - start ))
+  # "========= ERROR SUMMARY: N errors" per run (racecheck: also "RACECHECK SUMMARY: N hazards")
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$log" | awk '{s += $3} END {print s + 0}')
+  hazards=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazard' "$log" | awk '{s += $3} END {print s + 0}')
+  runs=$(grep -c 'ERROR SUMMARY' "$log")
+  tests=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
+  failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
+  printf '%-10s errors %s  racecheck hazards %s  (sanitizer runs %s/2, pytest passed %s failed %s, rc %s, %ss)\n' \
+    "$tool" "$errors" "$hazards" "$runs" "$tests" "$failed" "$tool_rc" "$secs" | tee -a "$SUMMARY"
+  # The kernels the reports name (top 10), for triage: ours are cutlass_ops::* / Cutlass instances.
+  grep -Eo '(in|at) [A-Za-z_][A-Za-z0-9_:<>, ]*\(' "$log" | sed -E 's/^(in|at) //; s/\($//' | sort | uniq -c \
+    | sort -rn | head -10 | sed 's/^/    /' >> "$SUMMARY"
+  # racecheck hazards are informational (warnings count too); its errors are in the ERROR SUMMARY
+  if [ "$errors" -ne 0 ] || [ "$tool_rc" -ne 0 ] || [ "$runs" -ne 2 ]; then status=1; fi
+done
+echo "summary: $SUMMARY"
+cat "$SUMMARY"
+exit $status
