@@ -1,5 +1,6 @@
 #include "se_gate/se_gate_backward_kernel.h"
 
+#include "common/dynamic_smem.h"
 #include "common/grid_size.h"
 #include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
@@ -313,11 +314,8 @@ __global__ void __launch_bounds__(kThreads) se_gate_backward_input_kernel(SeGate
 template <int kImages>
 cudaError_t launch_excite(SeGateBackwardArgs const& a, cudaStream_t stream) {
   size_t const smem = se_gate_backward_smem_bytes(a.C, a.R, kImages);
-  if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(se_gate_backward_excite_kernel<kImages>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
+  if (cudaError_t err = allow_dynamic_smem(se_gate_backward_excite_kernel<kImages>, smem); err != cudaSuccess)
+    return err;
   unsigned const grid = unsigned((a.N + kImages - 1) / kImages);
   return launch_kernel<se_gate_backward_excite_kernel<kImages>>(grid, kThreads, smem, stream,
                                                                 a.programmatic_launch, a);

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/dynamic_smem.h"
 #include "common/programmatic_launch.cuh"
 
 namespace cutlass_ops {
@@ -173,8 +174,10 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
       if (i >= images) break;
       float d = dot[i];
       for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      float const pre = d * inv_hw + a.b1[r];
-      if (sub == 0 && r < a.R) hidden[i * a.R + r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
+      if (sub == 0 && r < a.R) {  // (units past R read nothing: b1 has R entries)
+        float const pre = d * inv_hw + a.b1[r];
+        hidden[i * a.R + r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
+      }
     }
   }
   __syncthreads();  // hidden is complete, and every read of the sums is done
@@ -262,11 +265,7 @@ template <typename T, int kImages>
 cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream) {
   size_t smem = se_gate_smem_bytes(a.C, a.R, kImages, a.stage_w2);
   unsigned grid = static_cast<unsigned>((a.N + kImages - 1) / kImages);
-  if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(se_gate_kernel<T, kImages>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
+  if (cudaError_t err = allow_dynamic_smem(se_gate_kernel<T, kImages>, smem); err != cudaSuccess) return err;
   return launch_kernel<se_gate_kernel<T, kImages>>(grid, kThreads, smem, stream,
                                                    a.programmatic_launch, a);
 }

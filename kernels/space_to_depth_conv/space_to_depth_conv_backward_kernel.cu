@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "common/dynamic_smem.h"
 #include "common/grid_size.h"
 #include "common/grid_sum.cuh"
 #include "common/half_chunk.cuh"
@@ -168,11 +169,7 @@ template <typename T, int kTilesK>
 cudaError_t launch_typed(WeightGradArgs const& a, int blocks, cudaStream_t stream) {
   Smem s = smem_layout<T>(a.C, a.K);
   auto kernel = weight_grad_kernel<T, kTilesK>;
-  if (s.total() > 48 * 1024) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.total()));
-    if (err != cudaSuccess) return err;
-  }
+  if (cudaError_t err = allow_dynamic_smem(kernel, s.total()); err != cudaSuccess) return err;
   kernel<<<blocks, kThreads, s.total(), stream>>>(a, s);
   int const entries = a.K * 16 * a.C + 2;
   weight_grad_final_kernel<<<(entries + 31) / 32, kThreads, 0, stream>>>(a, blocks);

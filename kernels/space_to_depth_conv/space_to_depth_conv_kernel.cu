@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "common/dynamic_smem.h"
 #include "common/programmatic_launch.cuh"
 #include "space_to_depth_conv/space_to_depth_patches.cuh"
 
@@ -135,11 +136,7 @@ template <typename T, int kTilesN>
 cudaError_t launch_typed(SpaceToDepthConvArgs const& a, cudaStream_t stream) {
   Smem s = smem_layout<T>(a.C, a.K);
   auto kernel = space_to_depth_conv_kernel<T, kTilesN>;
-  if (s.total() > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(s.total()));
-    if (err != cudaSuccess) return err;
-  }
+  if (cudaError_t err = allow_dynamic_smem(kernel, s.total()); err != cudaSuccess) return err;
   int M = a.N * (a.H / kBlock) * (a.W / kBlock);
   unsigned grid = static_cast<unsigned>((M + kPixels - 1) / kPixels);
   return launch_kernel<space_to_depth_conv_kernel<T, kTilesN>>(grid, kThreads, s.total(), stream,
