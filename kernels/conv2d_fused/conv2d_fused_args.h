@@ -8,9 +8,6 @@ namespace conv2d_fused {
 
 enum class DType { kF16, kBF16 };
 
-// y[n,p,q,k] = act(scale * sum_{r,s,c} x[n,h,w,c] * w[k,r,s,c] + bias + residual) + post_bias
-// All tensors NHWC (the weight KRSC), densely packed.  Pointers that are null take the
-// neutral value: scale 1, bias 0, post_bias 0, no residual.
 // When the automatic choice on an sm90 GPU tries the Hopper-native (family 90) kernels; a
 // forced kernel (the tests, the profiler) runs regardless.
 enum class Sm90Policy {
@@ -20,6 +17,9 @@ enum class Sm90Policy {
   kFirst,     // family 90 first wherever it can run (to test and time it)
 };
 
+// y[n,p,q,k] = act(scale * sum_{r,s,c} x[n,h,w,c] * w[k,r,s,c] + bias + residual) + post_bias
+// All tensors NHWC (the weight KRSC), densely packed.  Pointers that are null take the
+// neutral value: scale 1, bias 0, post_bias 0, no residual.
 struct Conv2dFusedArgs {
   DType dtype;
   int N, H, W, C;        // input
