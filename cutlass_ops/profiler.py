@@ -35,9 +35,11 @@ COLUMNS = ("Problem,Provider,OperationKind,Operation,Disposition,Status,conv_kin
 
 _NAME = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>\d+)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
                    r"_(?P<stages>\d+)s_(?P<wm>\d+)x(?P<wn>\d+)w_(?P<it>[oa])_align(?P<align>\d+)$")
-# Family 90 (CUTLASS 3.x): tile, stages ("auto" = the builder's count), cluster M x N.
+# Family 90 (CUTLASS 3.x): tile, stages ("auto" = the builder's count), cluster M x N, and the
+# persistent kernels' schedule (coop, pp; none for the stock kernel), which the profile rows keep
+# in their Operation name (the generator's reader takes it from there).
 _NAME90 = re.compile(r"cutlass_ops_conv2d_fused_(?P<dtype>b?f16)_sm(?P<family>90)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
-                     r"_(?P<stages>\d+|auto)s_(?P<cm>\d+)x(?P<cn>\d+)c_align(?P<align>\d+)$")
+                     r"_(?P<stages>\d+|auto)s_(?P<cm>\d+)x(?P<cn>\d+)c(?:_(?P<schedule>coop|pp))?_align(?P<align>\d+)$")
 
 
 def kernel_families() -> list[int]:

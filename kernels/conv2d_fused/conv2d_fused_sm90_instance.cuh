@@ -53,6 +53,9 @@ struct Sm90FusedConv {
                 "needs TmaWarpSpecialized (cooperative assumes two, NoSmem has no EVT)");
   static_assert(Stages == 0 || Stages >= 2, "Stages: 0 (auto) or >= 2");
 
+  // The stock (non-persistent) kernel; Sm90FusedConvPersistent (conv2d_fused_sm90_persistent_instance.cuh)
+  // is the persistent one, which run_sm90_instance launches the same way.
+  static constexpr bool kPersistent = false;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 8: TMA's 16 bytes
   static constexpr cutlass::conv::Operator kConvOp = cutlass::conv::Operator::kFprop;
   using ElementAccumulator = float;
@@ -146,17 +149,36 @@ typename Config::Kernel::Arguments make_sm90_arguments(Conv2dFusedArgs const& a)
 // Runs the kernel; returns can_implement()'s failure (kErrorInvalidProblem,
 // kErrorNotSupported) untouched so that the dispatcher tries the next entry, and
 // kErrorInternal for a failed launch.  No workspace (no split-K).
+// The same for the persistent kernels (Config::kPersistent: their arguments come from
+// Config::make_arguments and carry the conv shape in the mainloop's arguments; a kernel that
+// would need a workspace, which none of ours does, is refused rather than launched without).
 template <class Config>
 cutlass::Status run_sm90_instance(Conv2dFusedArgs const& a, cudaStream_t stream) {
   using Kernel = typename Config::Kernel;
   if (a.split_k_slices != 1) return cutlass::Status::kErrorNotSupported;
   if (!sm90::tma_im2col_supported(a)) return cutlass::Status::kErrorNotSupported;
-  auto arguments = make_sm90_arguments<Config>(a);
+  auto arguments = [&] {
+    if constexpr (Config::kPersistent) {
+      return Config::make_arguments(a);
+    } else {
+      return make_sm90_arguments<Config>(a);
+    }
+  }();
+  auto const& conv_problem = [&]() -> typename Config::ProblemShape const& {
+    if constexpr (Config::kPersistent) {
+      return arguments.mainloop.problem_shape;
+    } else {
+      return arguments.problem_shape;
+    }
+  }();
   // The problem's output size must be the caller's (same formula, but the output is theirs).
-  if (arguments.problem_shape.shape_C[1] != a.P || arguments.problem_shape.shape_C[2] != a.Q) {
+  if (conv_problem.shape_C[1] != a.P || conv_problem.shape_C[2] != a.Q) {
     return cutlass::Status::kErrorInvalidProblem;
   }
   if (!Kernel::can_implement(arguments)) return cutlass::Status::kErrorInvalidProblem;
+  if constexpr (Config::kPersistent) {
+    if (Kernel::get_workspace_size(arguments) != 0) return cutlass::Status::kErrorNotSupported;
+  }
   typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, /*workspace*/ nullptr);
 
   auto kernel = sm90::conv2d_fused_sm90_kernel<Kernel>;

@@ -6,7 +6,9 @@ profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.
   family 80, alignment 1    : 64x64x32 2-stage analytic iterators (cp.async cannot copy
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
-  family 90 (sm_90a)        : SM90_TILES below (CUTLASS 3.x TMA + wgmma; one table to edit)
+  family 90 (sm_90a)        : SM90_TILES below (CUTLASS 3.x TMA + wgmma; one table to edit),
+                              plus SM90_PERSISTENT_TILES when the build sets
+                              CUTLASS_OPS_SM90_PERSISTENT=1 (off by default)
 The ``sweep`` kernel set adds sweep_tiles() (fp16, alignment 8) for the profiler; the ``ci``
 set takes one tile per key (ci_tiles()).
 Backward (family 80, alignment 8):
@@ -25,12 +27,14 @@ rule sends the problem to the ATen (cuDNN) path.  The generator instantiates the
 defaults plus every winner, and emits one rule per problem: the dispatcher runs the
 rule's tile and split for a problem with the same (c, k, r, s, stride) and the nearest M
 (log scale).  Family-90 profiles (profiles/<gpu>/sm90.csv) are read the same way; their rows
-need no warps columns, take the cluster from cluster_m/cluster_n (1 when absent) and never
+need no warps columns, take the cluster from cluster_m/cluster_n (1 when absent), the kernel
+schedule (persistent coop / pp) from a ``schedule`` column or the Operation name, and never
 split K (the 3.x conv kernel has no split-K).
 """
 from __future__ import annotations
 
 import csv
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,13 +64,29 @@ class Sm90Tile:
     threadblock: tuple[int, int, int]
     cluster: tuple[int, int, int] = (1, 1, 1)
     stages: int = 0
+    schedule: str = ""  # "": the stock kernel; SM90_SCHEDULES: the persistent ones
+
+    def __post_init__(self):
+        if self.schedule and self.schedule not in SM90_SCHEDULES:
+            raise ValueError(f"Sm90Tile schedule {self.schedule!r}: '' or one of {tuple(SM90_SCHEDULES)}")
 
     @property
     def name(self) -> str:
-        """e.g. 128x64x64_4s_1x1c, 128x128x64_autos_2x1c: tile, stages, cluster (M x N)."""
+        """e.g. 128x64x64_4s_1x1c, 128x128x64_autos_2x1c, 128x128x64_6s_1x1c_coop: tile,
+        stages, cluster (M x N), schedule (none for the stock kernel)."""
         m, n, k = self.threadblock
         stages = f"{self.stages}s" if self.stages else "autos"
-        return f"{m}x{n}x{k}_{stages}_{self.cluster[0]}x{self.cluster[1]}c"
+        schedule = f"_{self.schedule}" if self.schedule else ""
+        return f"{m}x{n}x{k}_{stages}_{self.cluster[0]}x{self.cluster[1]}c{schedule}"
+
+
+# Family-90 kernel schedules beside the stock one (CUTLASS 4.2's non-persistent conv kernel, one
+# consumer warp group): the persistent GEMM kernels running the conv mainloop
+# (kernels/conv2d_fused/conv2d_fused_sm90_persistent.hpp), two consumer warp groups each.
+SM90_SCHEDULES = {
+    "coop": "cutlass_ops::sm90_persistent::ConvCooperative",  # both share a tile (TileM >= 128)
+    "pp": "cutlass_ops::sm90_persistent::ConvPingpong",       # they alternate tiles
+}
 
 
 # Family 90 (sm_90a: TMA im2col + wgmma, warp-specialized; fp16/bf16, alignment 8), one row
@@ -85,6 +105,20 @@ SM90_TILES = [
 ]
 # The ``ci`` kernel set's one family-90 instance (fp16 only, ~70 s to compile on one core).
 SM90_CI_TILE = SM90_TILES[0]
+
+# Persistent family-90 kernels (cooperative / ping-pong, the same fused EVT epilogue), OFF by
+# default: instantiated only when the build sets CUTLASS_OPS_SM90_PERSISTENT=1 (generator flag
+# --sm90-persistent), because they have not run on a GPU yet.  The configurations that won
+# FusedResNet's N=2048 problems in docs/experiments/sm90_conv3x_fprop's persistent sweep (H100,
+# C=void epilogue): coop 128x128 6-stage (geo-mean 0.83x cuDNN), coop 256x128 and 128x256
+# 4-stage (the large-K 3x3 convs), ping-pong 128x64 6-stage (16x16 64->64).  Profile rows of
+# these kernels are ignored by a build without the flag.
+SM90_PERSISTENT_TILES = [
+    Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop"),
+    Sm90Tile((256, 128, 64), (1, 1, 1), 4, "coop"),
+    Sm90Tile((128, 256, 64), (1, 1, 1), 4, "coop"),
+    Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp"),
+]
 
 
 @dataclass(frozen=True)
@@ -107,9 +141,11 @@ class Rule:
     strided_dgrad: bool | None = None  # dgrad: the winner was the strided kernel
 
 
-def default_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
+def default_tiles(key: InstanceKey, sm90_persistent: bool = False) -> list[Tile | Sm90Tile]:
+    """The tiles built without a profile; ``sm90_persistent`` adds SM90_PERSISTENT_TILES to
+    family 90's."""
     if key.family == 90:
-        return list(SM90_TILES)
+        return list(SM90_TILES) + (list(SM90_PERSISTENT_TILES) if sm90_persistent else [])
     if OP_FAMILY[key.op].conv_kind == "wgrad":
         return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((64, 128, 32), (2, 2, 1), 4)]
     if key.family == 70:
@@ -130,9 +166,12 @@ SWEEP_TILES = [
 ]
 
 
-def ci_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
-    """The ``ci`` kernel set's one tile per key, whatever the profiles say."""
-    return [SM90_CI_TILE] if key.family == 90 else default_tiles(key)[-1:]
+def ci_tiles(key: InstanceKey, sm90_persistent: bool = False) -> list[Tile | Sm90Tile]:
+    """The ``ci`` kernel set's one tile per key, whatever the profiles say (family 90 with
+    ``sm90_persistent``: plus the first persistent tile)."""
+    if key.family == 90:
+        return [SM90_CI_TILE] + (SM90_PERSISTENT_TILES[:1] if sm90_persistent else [])
+    return default_tiles(key)[-1:]
 
 
 def sweep_tiles(key: InstanceKey) -> list[Tile]:
@@ -199,11 +238,23 @@ def _dtype_and_alignment(row: dict) -> tuple[str, int] | None:
     return ({"f16": "f16", "bf16": "bf16"}.get(activation), alignment) if activation else None
 
 
+_SM90_SCHEDULE_SUFFIX = re.compile(r"_\d+x\d+c_(?P<schedule>[a-z]+)_align\d+")
+
+
+def _row_schedule(row: dict) -> str:
+    """A family-90 row's kernel schedule: the ``schedule`` column when present, else the
+    suffix after the cluster in our kernel names (..._1x1c_coop_align8); "" (stock) otherwise."""
+    if row.get("schedule"):
+        return row["schedule"]
+    m = _SM90_SCHEDULE_SUFFIX.search(row["Operation"])
+    return m["schedule"] if m else ""
+
+
 def _row_tile(row: dict, key: InstanceKey) -> Tile | Sm90Tile:
     if key.family == 90:
         cluster = tuple(int(float(row.get(f"cluster_{d}") or 1)) for d in "mn")
         return Sm90Tile((int(row["cta_m"]), int(row["cta_n"]), int(row["cta_k"])),
-                        (*cluster, 1), int(row["stages"]))
+                        (*cluster, 1), int(row["stages"]), _row_schedule(row))
     iterator = row.get("iterator_algorithm") or ("analytic" if key.alignment == 1 else "optimized")
     return Tile((int(row["cta_m"]), int(row["cta_n"]), int(row["cta_k"])),
                 (int(row["warps_m"]), int(row["warps_n"]), int(row["warps_k"])),
@@ -257,9 +308,12 @@ def profile_files(profiles_dir: Path, family: int) -> list[Path]:
     return sorted(profiles_dir.glob(f"*/sm{family}.csv"))
 
 
-def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile | Sm90Tile], list[Rule], str]:
-    """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
-    tiles = default_tiles(key)
+def select_tiles(key: InstanceKey, profiles_dir: Path | None,
+                 sm90_persistent: bool = False) -> tuple[list[Tile | Sm90Tile], list[Rule], str]:
+    """Tiles to instantiate for one key, the dispatch rules, and where they came from.
+    Without ``sm90_persistent`` the persistent family-90 kernels' rows do not count (their
+    kernels are not built)."""
+    tiles = default_tiles(key, sm90_persistent)
     if profiles_dir is None:
         return tiles, [], "default"
     rows: list[dict] = []
@@ -270,6 +324,8 @@ def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile
             sources.append(path.parent.name)
         except (ProfileError, OSError, csv.Error) as e:
             warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")
+    if key.family == 90 and not sm90_persistent:
+        rows = [r for r in rows if r["Operation"] == "cudnn" or not _row_schedule(r)]
     rules = rules_from_profiles(rows, key)
     if not rules:
         return tiles, [], "default"

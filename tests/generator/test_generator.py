@@ -6,7 +6,8 @@ import pytest
 from cutlass_ops_gen.__main__ import main as generate, parse_archs
 from cutlass_ops_gen.emitter import dgrad_variants, emit_instance, kernel_name
 from cutlass_ops_gen.manifest import InstanceKey, arch_families, instance_keys
-from cutlass_ops_gen.tiles import SM90_CI_TILE, SM90_TILES, Problem, Sm90Tile, Tile, default_tiles, select_tiles
+from cutlass_ops_gen.tiles import (SM90_CI_TILE, SM90_PERSISTENT_TILES, SM90_TILES, Problem, Sm90Tile, Tile, ci_tiles,
+                                   default_tiles, select_tiles)
 
 KEY = InstanceKey("conv2d_fused", 80, "f16", 8)
 
@@ -339,3 +340,80 @@ def test_sm90_profile_rows_are_read_without_warps_and_never_split(tmp_path):
     rule = re.search(r"\{90, DType::kF16, 8, 64, 64, 3, 3, 1, 32768LL, (\d+), 1, 0\.01\}", table)
     assert rule and names[int(rule.group(1))] == kernel_name(key, winner)
     assert f'", 90, DType::kF16, 8, 64, 256, 64, 0, &{kernel_name(key, winner)}, 2, 1}},' in table
+
+
+# ---- family 90, persistent kernels (off by default) -------------------------------------------
+
+def test_sm90_persistent_tiles_are_off_by_default_and_named_by_schedule(tmp_path):
+    key = InstanceKey("conv2d_fused", 90, "f16", 8)
+    assert default_tiles(key) == SM90_TILES and not any(t.schedule for t in SM90_TILES)
+    assert default_tiles(key, sm90_persistent=True) == SM90_TILES + SM90_PERSISTENT_TILES
+    assert ci_tiles(key) == [SM90_CI_TILE] and ci_tiles(key, True) == [SM90_CI_TILE, SM90_PERSISTENT_TILES[0]]
+    assert {t.schedule for t in SM90_PERSISTENT_TILES} == {"coop", "pp"}
+    assert kernel_name(key, Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop")) == \
+        "cutlass_ops_conv2d_fused_f16_sm90_128x128x64_6s_1x1c_coop_align8"
+    assert kernel_name(key, Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp")) == \
+        "cutlass_ops_conv2d_fused_f16_sm90_128x64x64_6s_1x1c_pp_align8"
+    with pytest.raises(ValueError):
+        Sm90Tile((128, 128, 64), (1, 1, 1), 4, "streamk")
+    names = [kernel_name(k, t) for k in instance_keys([90], "all") if k.family == 90
+             for t in default_tiles(k, sm90_persistent=True)]
+    assert len(names) == len(set(names))
+    # The generator: without the flag no persistent instance, with it all of them.
+    for flag, expected in (([], 2 * len(SM90_TILES)), (["--sm90-persistent"], 2 * (len(SM90_TILES) + len(SM90_PERSISTENT_TILES)))):
+        out = tmp_path / ("gen" + "".join(flag))
+        generate(["--archs", "90", "--kernels", "all", "--out", str(out)] + flag)
+        sm90 = [p.stem for p in out.glob("*_sm90_*.cu")]
+        assert len(sm90) == expected
+        assert any(n.endswith(("_coop_align8", "_pp_align8")) for n in sm90) == bool(flag)
+    out = tmp_path / "gen_ci"
+    generate(["--archs", "90", "--kernels", "ci", "--sm90-persistent", "--out", str(out)])
+    assert sorted(p.stem for p in out.glob("*_sm90_*.cu")) == sorted(
+        kernel_name(key, t) for t in (SM90_CI_TILE, SM90_PERSISTENT_TILES[0]))
+
+
+def test_sm90_persistent_instance_names_the_persistent_template():
+    key = InstanceKey("conv2d_fused", 90, "bf16", 8)
+    inst, text = emit_instance(key, Sm90Tile((256, 128, 64), (1, 1, 1), 4, "coop"), "default")
+    assert inst.name == "cutlass_ops_conv2d_fused_bf16_sm90_256x128x64_4s_1x1c_coop_align8"
+    assert '#include "conv2d_fused/conv2d_fused_sm90_persistent_instance.cuh"' in text
+    assert re.search(r"Sm90FusedConvPersistent<cutlass::bfloat16_t, 256, 128, 64, 1, 1, 4,\s+"
+                     r"cutlass_ops::sm90_persistent::ConvCooperative>", text)
+    assert f"return run_sm90_instance<{inst.name}_base>(args, stream);" in text
+    _, text = emit_instance(key, Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp"), "default")
+    assert re.search(r"Sm90FusedConvPersistent<cutlass::bfloat16_t, 128, 64, 64, 1, 1, 6,\s+"
+                     r"cutlass_ops::sm90_persistent::ConvPingpong>", text)
+    # The stock template stays as it was.
+    _, text = emit_instance(key, SM90_CI_TILE, "default")
+    assert "Sm90FusedConvPersistent" not in text and "conv2d_fused_sm90_instance.cuh" in text
+
+
+def test_sm90_profile_rows_carry_the_schedule_in_the_name(tmp_path):
+    name = "cutlass_ops_conv2d_fused_f16_sm90_{}_align8"
+    rows = [
+        _sm90_row(1, name.format("128x128x64_4s_1x1c"), 128, (128, 128, 64), (1, 1), 4, 0.020),
+        _sm90_row(2, name.format("128x128x64_6s_1x1c_coop"), 128, (128, 128, 64), (1, 1), 6, 0.010),  # winner
+        _sm90_row(3, name.format("128x64x64_6s_1x1c_pp"), 2048, (128, 64, 64), (1, 1), 6, 0.100),     # winner
+        _sm90_row(4, name.format("128x64x64_4s_1x1c"), 2048, (128, 64, 64), (1, 1), 4, 0.120),
+    ]
+    d = tmp_path / "profiles" / "h100"
+    d.mkdir(parents=True)
+    (d / "sm90.csv").write_text("# gpu: test\n" + SM90_HEADER + "".join(rows))
+    key = InstanceKey("conv2d_fused", 90, "f16", 8)
+    coop = Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop")
+    pp = Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp")
+    tiles, rules, _ = select_tiles(key, tmp_path / "profiles", sm90_persistent=True)
+    assert [r.tile for r in rules] == [coop, pp]
+    assert coop in tiles and pp in tiles
+    # Without the flag the persistent rows do not count: the stock kernels win, nothing persistent is built.
+    tiles, rules, _ = select_tiles(key, tmp_path / "profiles")
+    assert [r.tile for r in rules] == [Sm90Tile((128, 128, 64), (1, 1, 1), 4), Sm90Tile((128, 64, 64), (1, 1, 1), 4)]
+    assert not any(t.schedule for t in tiles)
+    # A schedule column, where a profile has one, says the same.
+    text = (d / "sm90.csv").read_text().replace(",Runtime\n", ",Runtime,schedule\n", 1)
+    text = text.replace(name.format("128x128x64_6s_1x1c_coop"), "some_cutlass_kernel_align8")
+    lines = text.splitlines()
+    lines = [line + (",coop" if "some_cutlass_kernel" in line else ",") if line[0].isdigit() else line for line in lines]
+    (d / "sm90.csv").write_text("\n".join(lines) + "\n")
+    _, rules, _ = select_tiles(key, tmp_path / "profiles", sm90_persistent=True)
+    assert rules[0].tile == coop

@@ -36,6 +36,16 @@ def test_problems_from_model_hooks_every_conv():
     assert sorted(map(str, problems)) == sorted(map(str, fused))
 
 
+def test_kernel_name_patterns():
+    m = _NAME90.match("cutlass_ops_conv2d_fused_f16_sm90_128x128x64_4s_1x1c_align8")
+    assert m and m["schedule"] is None and (m["m"], m["stages"], m["cm"]) == ("128", "4", "1")
+    m = _NAME90.match("cutlass_ops_conv2d_fused_bf16_sm90_256x128x64_4s_1x1c_coop_align8")
+    assert m and m["schedule"] == "coop" and (m["dtype"], m["m"], m["n"], m["align"]) == ("bf16", "256", "128", "8")
+    assert _NAME90.match("cutlass_ops_conv2d_fused_f16_sm90_128x64x64_6s_1x1c_pp_align8")["schedule"] == "pp"
+    assert not _NAME90.match("cutlass_ops_conv2d_fused_f16_sm90_128x64x64_6s_1x1c_xx_align8")
+    assert _NAME.match("cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_2x2w_o_align8")
+
+
 def test_gpu_slug():
     assert gpu_slug("NVIDIA H200") == "h200"
     assert gpu_slug("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb"
