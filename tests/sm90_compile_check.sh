@@ -3,8 +3,14 @@
 # conv2d_fused instances, with the CUDA 13 toolkit the build uses: generates the instance set
 # (default: the `ci` set, one fp16 kernel; SM90_KERNELS=all for every default tile), compiles
 # each for sm_90a exactly as CMake does, and prints its compile time and ptxas's register and
-# spill counts.  Nothing runs; no GPU needed.  Fails when an instance does not compile.
+# spill counts, and the kernel's dynamic shared memory (Kernel::SharedStorageSize, printed by a
+# deprecation warning).  Nothing runs; no GPU needed.  Fails when an instance does not compile,
+# spills, or draws a ptxas C75xx warning (wgmma serialized).
 #   usage: PYTHON=/path/to/python tests/sm90_compile_check.sh
+#   SM90_PERSISTENT=1 adds the persistent (cooperative / ping-pong) instances, which the build
+#   makes only with CUTLASS_OPS_SM90_PERSISTENT=1 (with the ci set: one, the first of
+#   tiles.SM90_PERSISTENT_TILES); SM90_ONLY=REGEX compiles only the instances whose name matches
+#   (e.g. SM90_ONLY='_coop_|_pp_'); JOBS=N compiles N at a time (default 1).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -12,30 +18,69 @@ REPO=$(cd "$HERE/.." && pwd)
 PYTHON=${PYTHON:-python3}
 NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 KERNELS=${SM90_KERNELS:-ci}
+GEN_FLAGS=()
+[ "${SM90_PERSISTENT:-0}" = 1 ] && GEN_FLAGS+=(--sm90-persistent)
+ONLY=${SM90_ONLY:-}
+JOBS=${JOBS:-1}
 "$NVCC" --version | grep release
 
 CUTLASS=$("$PYTHON" -c 'import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))')/source
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" --out "$OUT/gen" \
+PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" ${GEN_FLAGS[@]+"${GEN_FLAGS[@]}"} --out "$OUT/gen" \
   > "$OUT/gen.log" 2>&1 || { cat "$OUT/gen.log" >&2; exit 1; }
 tail -n 1 "$OUT/gen.log"
 
 shopt -s nullglob
-passed=0 failed=0
-for cu in "$OUT"/gen/*_sm90_*.cu; do
+compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $OUT/$name.log
+  local cu=$1 name start usage smem
   name=$(basename "$cu" .cu)
   start=$SECONDS
+  # The instance plus a deprecated function template instantiated with the kernel's shared
+  # memory size: its warning prints the number (the object code is the instance's).
+  {
+    echo "#include \"$cu\""
+    echo "template <int N> [[deprecated]] constexpr int smem_bytes() { return N; }"
+    echo "static int const kSmemBytes ="
+    echo "    smem_bytes<cutlass_ops::conv2d_fused::${name}_base::Kernel::SharedStorageSize>();"
+  } > "$OUT/$name.check.cu"
   # The flags of CMakeLists.txt's family-90 object library (cmake/CudaArchs.cmake).
   if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
        -Xptxas -v -I"$CUTLASS/include" -I"$CUTLASS/tools/util/include" -I"$REPO/kernels" \
-       -c "$cu" -o "$OUT/$name.o" > "$OUT/$name.log" 2>&1; then
+       -c "$OUT/$name.check.cu" -o "$OUT/$name.o" > "$OUT/$name.log" 2>&1; then
     usage=$(grep -A3 "Compiling entry function '.*conv2d_fused_sm90_kernel" "$OUT/$name.log" |
             grep -E -o "[0-9]+ bytes spill stores|Used [0-9]+ registers" | paste -sd, - || true)
-    echo "ok   $name ($((SECONDS - start)) s; $usage)"; passed=$((passed + 1))
+    smem=$(grep -o "with int N = [0-9]*" "$OUT/$name.log" | head -1 | grep -o "[0-9][0-9]*$" || true)
+    if grep -q "C75[0-9][0-9]" "$OUT/$name.log"; then
+      echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): ptxas $(grep -o 'C75[0-9][0-9]' "$OUT/$name.log" | head -1)"
+    elif echo "$usage" | grep -q -E "(^|,)[1-9][0-9]* bytes spill stores"; then
+      echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): spills"
+    else
+      echo "ok   $name ($((SECONDS - start)) s; $usage; smem $smem B)"
+    fi > "$OUT/$name.result"
   else
-    echo "FAIL $name ($((SECONDS - start)) s)"; failed=$((failed + 1))
-    head -c 4000 "$OUT/$name.log"   # the first errors are the useful ones
+    { echo "FAIL $name ($((SECONDS - start)) s)"; head -c 4000 "$OUT/$name.log"; } > "$OUT/$name.result"
+  fi
+}
+cus=()
+for cu in "$OUT"/gen/*_sm90_*.cu; do
+  [ -z "$ONLY" ] || [[ $(basename "$cu") =~ $ONLY ]] || continue
+  cus+=("$cu")
+done
+running=0
+for cu in ${cus[@]+"${cus[@]}"}; do
+  compile "$cu" &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then wait -n || true; running=$((running - 1)); fi
+done
+wait
+passed=0 failed=0
+for cu in ${cus[@]+"${cus[@]}"}; do
+  cat "$OUT/$(basename "$cu" .cu).result"   # a failure's first errors are the useful ones
+  if head -n 1 "$OUT/$(basename "$cu" .cu).result" | grep -q "^ok"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
   fi
 done
 # A generator that emits no Sm90 instance would otherwise "pass".

@@ -5,7 +5,8 @@
 // The kernel: cutlass::conv::kernel::ConvUniversal with the sm90 conv CollectiveBuilder's
 // mainloop (TMA im2col loads of the activation, TMA loads of the filter, wgmma, one producer
 // and one consumer warp group: KernelImplicitTmaWarpSpecializedSm90; CUTLASS 4.2 conv has no
-// persistent (cooperative/ping-pong) schedule and no split-K) and a TMA warp-specialized
+// persistent (cooperative/ping-pong) schedule and no split-K: the persistent instances,
+// conv2d_fused_sm90_persistent_instance.cuh, build one) and a TMA warp-specialized
 // epilogue running the fused EVT (conv2d_fused_sm90_epilogue.h).  NHWC activation/output,
 // KRSC filter, 16-byte aligned channels (alignment 8 for f16/bf16: TMA's requirement).
 #pragma once
