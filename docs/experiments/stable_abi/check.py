@@ -1,0 +1,55 @@
+"""Load a PoC library into the running torch and compare against torch.
+
+usage: python check.py stable|unstable path/to/lib.so
+"""
+import sys
+
+import torch
+
+kind, lib = sys.argv[1], sys.argv[2]
+print(f"[{kind}] torch {torch.__version__}: loading {lib.rsplit('/', 1)[-1]}")
+try:
+    torch.ops.load_library(lib)
+except OSError as e:  # undefined symbol / ABI mismatch
+    print(f"[{kind}] torch {torch.__version__}: LOAD FAILED: {e}")
+    sys.exit(1)
+
+ns = torch.ops.cutlass_ops_stable if kind == "stable" else torch.ops.cutlass_ops_unstable
+torch.manual_seed(0)
+grad = torch.randn(4, 3, 17, 9)
+out = torch.relu(torch.randn(4, 3, 17, 9))
+got = ns.relu_backward(grad, out)
+ref = torch.ops.aten.threshold_backward(grad, out, 0.0)
+print(f"[{kind}] torch {torch.__version__}: relu_backward max|diff| = "
+      f"{(got - ref).abs().max().item():.3g}, equal = {torch.equal(got, ref)}")
+# non-contiguous input goes through torch::stable::contiguous
+g_nc, o_nc = grad.transpose(1, 3), out.transpose(1, 3)
+print(f"[{kind}] torch {torch.__version__}: relu_backward (non-contiguous) equal = "
+      f"{torch.equal(ns.relu_backward(g_nc, o_nc), torch.ops.aten.threshold_backward(g_nc, o_nc, 0.0))}")
+try:
+    ns.relu_backward(grad.double(), out.double())
+    print(f"[{kind}] dtype check: NOT raised")
+except Exception as e:  # noqa: BLE001
+    print(f"[{kind}] torch {torch.__version__}: dtype check raises {type(e).__name__}: "
+          f"{str(e).splitlines()[0][:110]}")
+
+if kind == "stable":
+    x = torch.randn(2, 8, 10, 10, dtype=torch.float64)
+    w = torch.randn(16, 8, 3, 3, dtype=torch.float64)
+    b = torch.randn(16, dtype=torch.float64)
+    y = ns.conv2d_fallback(x, w, b, 2, 1)
+    yr = torch.nn.functional.conv2d(x, w, b, stride=2, padding=1)
+    print(f"[{kind}] torch {torch.__version__}: conv2d_fallback (aten::convolution via "
+          f"torch_call_dispatcher) max|diff| = {(y - yr).abs().max().item():.3g}")
+    y0 = ns.conv2d_fallback(x, w, None, 1, 0)
+    print(f"[{kind}] torch {torch.__version__}: conv2d_fallback bias=None max|diff| = "
+          f"{(y0 - torch.nn.functional.conv2d(x, w)).abs().max().item():.3g}")
+    go = torch.randn_like(yr)
+    gi, gw, gb = ns.conv2d_backward_fallback(go, x, w, 2, 1)
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    torch.nn.functional.conv2d(xr, wr, br, stride=2, padding=1).backward(go)
+    err = max((gi - xr.grad).abs().max().item(), (gw - wr.grad).abs().max().item(),
+              (gb - br.grad).abs().max().item())
+    print(f"[{kind}] torch {torch.__version__}: conv2d_backward_fallback (aten::convolution_backward, "
+          f"3 outputs, bool[3] mask) max|diff| = {err:.3g}")
+print(f"[{kind}] torch {torch.__version__}: OK")
