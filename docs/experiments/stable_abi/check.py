@@ -1,6 +1,6 @@
 """Load a PoC library into the running torch and compare against torch.
 
-usage: python check.py stable|unstable path/to/lib.so
+usage: python check.py stable|unstable path/to/lib.so [path/to/cuda_lib.so]
 """
 import sys
 
@@ -12,6 +12,12 @@ try:
     torch.ops.load_library(lib)
 except OSError as e:  # undefined symbol / ABI mismatch
     print(f"[{kind}] torch {torch.__version__}: LOAD FAILED: {e}")
+    import ctypes  # torch hides the dlerror; ask the loader directly
+
+    try:
+        ctypes.CDLL(lib)
+    except OSError as e2:
+        print(f"[{kind}] torch {torch.__version__}: dlopen: {str(e2).rsplit('/', 1)[-1]}")
     sys.exit(1)
 
 ns = torch.ops.cutlass_ops_stable if kind == "stable" else torch.ops.cutlass_ops_unstable
@@ -52,4 +58,16 @@ if kind == "stable":
               (gb - br.grad).abs().max().item())
     print(f"[{kind}] torch {torch.__version__}: conv2d_backward_fallback (aten::convolution_backward, "
           f"3 outputs, bool[3] mask) max|diff| = {err:.3g}")
+    ns.force_kernel("cpu_loop", 3)
+    print(f"[{kind}] torch {torch.__version__}: kernel_names() = {ns.kernel_names()}, "
+          f"after force_kernel('cpu_loop', 3): last_kernel() = {ns.last_kernel()!r}")
+if len(sys.argv) > 3:  # CUDA registration: load + dispatcher table (no GPU here)
+    torch.ops.load_library(sys.argv[3])
+    has = torch._C._dispatch_has_kernel_for_dispatch_key("cutlass_ops_stable::relu_backward", "CUDA")
+    print(f"[{kind}] torch {torch.__version__}: loaded {sys.argv[3].rsplit('/', 1)[-1]}, "
+          f"CUDA kernel registered = {has}, cuda available = {torch.cuda.is_available()}")
+    if torch.cuda.is_available():
+        gc, oc = grad.cuda(), out.cuda()
+        print(f"[{kind}] torch {torch.__version__}: relu_backward CUDA equal = "
+              f"{torch.equal(ns.relu_backward(gc, oc).cpu(), ref)}")
 print(f"[{kind}] torch {torch.__version__}: OK")

@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 using torch::stable::Tensor;
@@ -77,6 +79,20 @@ std::tuple<Tensor, Tensor, Tensor> conv2d_backward_fallback(Tensor grad_out, Ten
   return {d::to<Tensor>(stack[0]), d::to<Tensor>(stack[1]), d::to<Tensor>(stack[2])};
 }
 
+// The project's debug hooks: *_kernels() -> str[], *_last_kernel() -> str,
+// *_force_kernel(str, int) -> () backed by thread_local state.  thread_local
+// is plain C++ and unaffected by the ABI; only the str / str[] / () boxing
+// matters here.
+namespace {
+thread_local std::string forced = "none";
+}
+std::vector<std::string> kernel_names() { return {"cpu_loop", "none"}; }
+std::string last_kernel() { return forced; }
+void force_kernel(std::string name, int64_t split_k) {
+  STD_TORCH_CHECK(split_k >= 0, "force_kernel: split_k must be >= 0");
+  forced = name + "/" + std::to_string(split_k);
+}
+
 }  // namespace cutlass_ops_stable
 
 STABLE_TORCH_LIBRARY(cutlass_ops_stable, m) {
@@ -84,6 +100,18 @@ STABLE_TORCH_LIBRARY(cutlass_ops_stable, m) {
   m.def("conv2d_fallback(Tensor x, Tensor w, Tensor? bias, int stride, int padding) -> Tensor");
   m.def("conv2d_backward_fallback(Tensor grad_out, Tensor x, Tensor w, int stride, int padding)"
         " -> (Tensor, Tensor, Tensor)");
+  m.def("kernel_names() -> str[]");
+  m.def("last_kernel() -> str");
+  m.def("force_kernel(str name, int split_k=0) -> ()");
+}
+
+// Ops with no tensor argument cannot dispatch on CPU/CUDA: register them for
+// CompositeExplicitAutograd (the existing code uses m.def(schema, fn), which
+// the stable StableLibrary::def does not offer).
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops_stable, CompositeExplicitAutograd, m) {
+  m.impl("kernel_names", TORCH_BOX(&cutlass_ops_stable::kernel_names));
+  m.impl("last_kernel", TORCH_BOX(&cutlass_ops_stable::last_kernel));
+  m.impl("force_kernel", TORCH_BOX(&cutlass_ops_stable::force_kernel));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops_stable, CPU, m) {
