@@ -58,6 +58,14 @@ if kind == "stable":
               (gb - br.grad).abs().max().item())
     print(f"[{kind}] torch {torch.__version__}: conv2d_backward_fallback (aten::convolution_backward, "
           f"3 outputs, bool[3] mask) max|diff| = {err:.3g}")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ns.force_kernel("bogus", 0)
+        ns.force_kernel("bogus", 0)
+    print(f"[{kind}] torch {torch.__version__}: warn-once via aoti_torch_warn: {len(w)} Python warning(s) captured: "
+          f"{[f'{x.category.__name__}: {str(x.message)[:60]}' for x in w]}")
     ns.force_kernel("cpu_loop", 3)
     print(f"[{kind}] torch {torch.__version__}: kernel_names() = {ns.kernel_names()}, "
           f"after force_kernel('cpu_loop', 3): last_kernel() = {ns.last_kernel()!r}")

@@ -15,6 +15,31 @@
 #include <tuple>
 #include <vector>
 
+#include <atomic>
+#include <sstream>
+#include <stdexcept>
+
+// TORCH_CHECK_VALUE replacement.  STD_TORCH_CHECK throws std::runtime_error
+// (Python RuntimeError); the project's tests expect ValueError, which torch's
+// op-call path produces from std::invalid_argument (checked in 2.11 and 2.14.1).
+#define CUTLASS_OPS_CHECK_VALUE(cond, ...)                                         \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      std::ostringstream cutlass_ops_msg_;                                         \
+      cutlass_ops_msg_ << __VA_ARGS__;                                             \
+      throw std::invalid_argument(cutlass_ops_msg_.str());                         \
+    }                                                                              \
+  } while (0)
+
+// TORCH_WARN_ONCE replacement: aoti_torch_warn (C shim) raises a Python
+// UserWarning; the once-ness is a local flag.
+#define CUTLASS_OPS_WARN_ONCE(msg)                                                 \
+  do {                                                                             \
+    static std::atomic<bool> cutlass_ops_warned_{false};                           \
+    if (!cutlass_ops_warned_.exchange(true))                                       \
+      aoti_torch_warn(__func__, __FILE__, static_cast<uint32_t>(__LINE__), (msg)); \
+  } while (0)
+
 using torch::stable::Tensor;
 using torch::headeronly::ScalarType;
 
@@ -24,9 +49,9 @@ namespace cutlass_ops_stable {
 // CPU and float32 only: the point is the binding, not the kernel.
 Tensor relu_backward(Tensor grad, Tensor out) {
   STD_TORCH_CHECK(grad.is_cpu() && out.is_cpu(), "relu_backward: CPU tensors only in this PoC");
-  STD_TORCH_CHECK(grad.scalar_type() == ScalarType::Float &&
-                      out.scalar_type() == ScalarType::Float,
-                  "relu_backward: expected float32, got ", grad.scalar_type());
+  CUTLASS_OPS_CHECK_VALUE(grad.scalar_type() == ScalarType::Float &&
+                              out.scalar_type() == ScalarType::Float,
+                          "relu_backward: expected float32, got " << grad.scalar_type());
   STD_TORCH_CHECK(grad.dim() == out.dim(), "relu_backward: rank mismatch");
   for (int64_t d = 0; d < grad.dim(); ++d) {
     STD_TORCH_CHECK(grad.size(d) == out.size(d), "relu_backward: shape mismatch at dim ", d);
@@ -90,6 +115,8 @@ std::vector<std::string> kernel_names() { return {"cpu_loop", "none"}; }
 std::string last_kernel() { return forced; }
 void force_kernel(std::string name, int64_t split_k) {
   STD_TORCH_CHECK(split_k >= 0, "force_kernel: split_k must be >= 0");
+  if (name != "cpu_loop" && name != "none")
+    CUTLASS_OPS_WARN_ONCE("force_kernel: unknown kernel name; nothing will match");
   forced = name + "/" + std::to_string(split_k);
 }
 
