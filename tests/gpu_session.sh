@@ -8,7 +8,9 @@
 # kernels into profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it),
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
 # resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
-# wheel carried in gpu_carry/, installed into a folder of its own).
+# wheel carried in gpu_carry/, installed into a folder of its own); reliability (fuzz, large
+# tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh).  The build
+# adds the persistent family-90 kernels when CUTLASS_OPS_SM90_PERSISTENT=1 is exported.
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -87,6 +89,16 @@ for step in ${STEPS:-}; do
        && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
          -x "$REPO/tests/python" > "$OUT/wheel_tests.log" 2>&1)
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/wheel_tests.log" | tail -5
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    reliability)  # issue 22's GPU tests: the fuzz (CUTLASS_OPS_FUZZ_CASES per op), large tensors, concurrency, bad input
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rs \
+         "$REPO/tests/python/test_fuzz.py" "$REPO/tests/python/test_large_tensors.py" \
+         "$REPO/tests/python/test_concurrency.py" "$REPO/tests/python/test_bad_input.py" > "$OUT/reliability.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR|^fuzz .* raised|SKIPPED" "$OUT/reliability.log" | tail -15
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    sanitize)  # compute-sanitizer; tools from the step's value, e.g. sanitize:memcheck,initcheck
+      tools=${n//,/ }; [ "$tools" = sanitize ] && tools="memcheck racecheck initcheck synccheck"
+      OUT=$OUT PYTHON=$PYTHON CUTLASS_OPS_SANITIZE_TOOLS="$tools" timeout "$limit" bash tests/gpu_sanitize.sh 2>&1 | tail -8
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-sweep)  # docs/experiments/sm90_conv3x_fprop: stock sm90 fprop variants vs cuDNN
       OUT=$OUT timeout "$limit" bash docs/experiments/sm90_conv3x_fprop/run_sweep.sh > /tmp/sm90_sweep.txt 2>&1 \
