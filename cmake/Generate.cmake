@@ -8,11 +8,6 @@ file(GLOB_RECURSE _gen_inputs CONFIGURE_DEPENDS
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_gen_inputs})
 
 string(REPLACE ";" "," _archs_csv "${CUTLASS_OPS_ARCH_LIST}")
-set(_gen_flags)
-if(CUTLASS_OPS_SM90_PERSISTENT)
-  list(APPEND _gen_flags --sm90-persistent)
-  message(STATUS "cutlass_ops: CUTLASS_OPS_SM90_PERSISTENT: adding the persistent sm90 kernels (untested on a GPU)")
-endif()
 message(STATUS "cutlass_ops: generating kernel set '${CUTLASS_OPS_KERNELS}'")
 execute_process(
   COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${CMAKE_SOURCE_DIR}/python:$ENV{PYTHONPATH}"

@@ -9,8 +9,7 @@
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
 # resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
 # wheel carried in gpu_carry/, installed into a folder of its own); reliability (fuzz, large
-# tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh).  The build
-# adds the persistent family-90 kernels when CUTLASS_OPS_SM90_PERSISTENT=1 is exported.
+# tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh).
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Compile-only check of the Hopper-native (family 90: CUTLASS 3.x, TMA + wgmma, sm_90a)
 # conv2d_fused instances, with the CUDA 13 toolkit the build uses: generates the instance set
-# (default: the `ci` set, one fp16 kernel; SM90_KERNELS=all for every default tile), compiles
+# (default: the `ci` set, one stock and one persistent fp16 kernel; SM90_KERNELS=all for every
+# default tile), compiles
 # each for sm_90a exactly as CMake does, and prints its compile time and ptxas's register and
 # spill counts, and the kernel's dynamic shared memory (Kernel::SharedStorageSize, printed by a
 # deprecation warning).  Nothing runs; no GPU needed.  Fails when an instance does not compile,
 # spills, or draws a ptxas C75xx warning (wgmma serialized).
 #   usage: PYTHON=/path/to/python tests/sm90_compile_check.sh
-#   SM90_PERSISTENT=1 adds the persistent (cooperative / ping-pong) instances, which the build
-#   makes only with CUTLASS_OPS_SM90_PERSISTENT=1 (with the ci set: one, the first of
-#   tiles.SM90_PERSISTENT_TILES); SM90_ONLY=REGEX compiles only the instances whose name matches
-#   (e.g. SM90_ONLY='_coop_|_pp_'); JOBS=N compiles N at a time (default 1).
+#   SM90_ONLY=REGEX compiles only the instances whose name matches (e.g. SM90_ONLY='_coop_|_pp_'
+#   for the persistent ones); JOBS=N compiles N at a time (default 1).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -18,8 +17,6 @@ REPO=$(cd "$HERE/.." && pwd)
 PYTHON=${PYTHON:-python3}
 NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 KERNELS=${SM90_KERNELS:-ci}
-GEN_FLAGS=()
-[ "${SM90_PERSISTENT:-0}" = 1 ] && GEN_FLAGS+=(--sm90-persistent)
 ONLY=${SM90_ONLY:-}
 JOBS=${JOBS:-1}
 "$NVCC" --version | grep release
@@ -27,7 +24,7 @@ JOBS=${JOBS:-1}
 CUTLASS=$("$PYTHON" -c 'import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))')/source
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" ${GEN_FLAGS[@]+"${GEN_FLAGS[@]}"} --out "$OUT/gen" \
+PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" --out "$OUT/gen" \
   > "$OUT/gen.log" 2>&1 || { cat "$OUT/gen.log" >&2; exit 1; }
 tail -n 1 "$OUT/gen.log"
 

@@ -38,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profiles", type=Path, default=None,
                    help="profiles/ folder with measured tile winners (default tiles without it)")
     p.add_argument("--out", type=Path, required=True, help="output folder (in the build tree)")
-    p.add_argument("--sm90-persistent", action="store_true",
-                   help="also build the persistent family-90 kernels (tiles.SM90_PERSISTENT_TILES; off by "
-                        "default: not yet run on a GPU); CMake passes it for CUTLASS_OPS_SM90_PERSISTENT=1")
     p.add_argument("--list", action="store_true", help="print the instances, write nothing")
     args = p.parse_args(argv)
 
@@ -49,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
     instances, texts, rules = [], {}, []
     for key in instance_keys(args.archs, args.kernels):
-        tiles, key_rules, origin = select_tiles(key, args.profiles, args.sm90_persistent)
+        tiles, key_rules, origin = select_tiles(key, args.profiles)
         if args.kernels == "ci":  # one default tile per key, whatever the profiles say
-            tiles, key_rules, origin = ci_tiles(key, args.sm90_persistent), [], "default"
+            tiles, key_rules, origin = ci_tiles(key), [], "default"
         if args.kernels == "sweep":
             tiles += [t for t in sweep_tiles(key) if t not in tiles]
         for tile in tiles:

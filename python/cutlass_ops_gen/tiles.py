@@ -6,9 +6,8 @@ profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.
   family 80, alignment 1    : 64x64x32 2-stage analytic iterators (cp.async cannot copy
                               2-byte elements, so these use the register-staged pipeline)
   family 70                 : 128x128x32 and 128x64x32, 2-stage, mma 8x8x4
-  family 90 (sm_90a)        : SM90_TILES below (CUTLASS 3.x TMA + wgmma; one table to edit),
-                              plus SM90_PERSISTENT_TILES when the build sets
-                              CUTLASS_OPS_SM90_PERSISTENT=1 (off by default)
+  family 90 (sm_90a)        : SM90_TILES below (CUTLASS 3.x TMA + wgmma; one table to edit):
+                              stock and persistent (cooperative / ping-pong) kernels
 The ``sweep`` kernel set adds sweep_tiles() (fp16, alignment 8) for the profiler; the ``ci``
 set takes one tile per key (ci_tiles()).
 Backward (family 80, alignment 8):
@@ -90,35 +89,37 @@ SM90_SCHEDULES = {
 
 
 # Family 90 (sm_90a: TMA im2col + wgmma, warp-specialized; fp16/bf16, alignment 8), one row
-# per kernel instance: CTA tile, cluster, stages (0 = automatic).  The defaults without a
-# profile: the five fastest of docs/experiments/sm90_conv3x_fprop's 24 configurations on
-# FusedResNet's shapes (H100, geometric mean over 16 problems against cuDNN: 128x128 4-stage
-# 0.90x, 64x128 4-stage 0.92x, 128x64 cluster 1x2 0.96x, 128x128 cluster 2x1 0.98x, 128x64
-# 1.03x).  Fixed 4 stages: the automatic count fills shared memory and leaves 1 CTA/SM.
-# (128x256 does not fit: one consumer warp group, 256 fp32 accumulators a thread.)
-SM90_TILES = [
+# per kernel instance: CTA tile, cluster, stages (0 = automatic), schedule.  Without a profile
+# the dispatcher picks among all of them by occupancy; profiles/<gpu>/sm90.csv picks per problem.
+#
+# Stock kernels (CUTLASS 4.2's non-persistent conv kernel, one consumer warp group): the five
+# fastest of docs/experiments/sm90_conv3x_fprop's 24 configurations on FusedResNet's shapes
+# (H100, geometric mean over 16 problems against cuDNN: 128x128 4-stage 0.90x, 64x128 4-stage
+# 0.92x, 128x64 cluster 1x2 0.96x, 128x128 cluster 2x1 0.98x, 128x64 1.03x).  Fixed 4 stages:
+# the automatic count fills shared memory and leaves 1 CTA/SM.  (128x256 does not fit: one
+# consumer warp group, 256 fp32 accumulators a thread.)
+SM90_STOCK_TILES = [
     Sm90Tile((128, 64, 64), (1, 1, 1), 4),
     Sm90Tile((128, 128, 64), (1, 1, 1), 4),
     Sm90Tile((64, 128, 64), (1, 1, 1), 4),
     Sm90Tile((128, 64, 64), (1, 2, 1), 4),
     Sm90Tile((128, 128, 64), (2, 1, 1), 4),
 ]
-# The ``ci`` kernel set's one family-90 instance (fp16 only, ~70 s to compile on one core).
-SM90_CI_TILE = SM90_TILES[0]
-
-# Persistent family-90 kernels (cooperative / ping-pong, the same fused EVT epilogue), OFF by
-# default: instantiated only when the build sets CUTLASS_OPS_SM90_PERSISTENT=1 (generator flag
-# --sm90-persistent), because they have not run on a GPU yet.  The configurations that won
-# FusedResNet's N=2048 problems in docs/experiments/sm90_conv3x_fprop's persistent sweep (H100,
-# C=void epilogue): coop 128x128 6-stage (geo-mean 0.83x cuDNN), coop 256x128 and 128x256
-# 4-stage (the large-K 3x3 convs), ping-pong 128x64 6-stage (16x16 64->64).  Profile rows of
-# these kernels are ignored by a build without the flag.
+# Persistent kernels (cooperative / ping-pong, the same fused EVT epilogue): the configurations
+# that won FusedResNet's N=2048 problems in the experiment's persistent sweep (coop 128x128
+# 6-stage, coop 256x128 and 128x256 4-stage for the large-K 3x3 convs, ping-pong 128x64
+# 6-stage for 16x16 64->64).  In the H100 profile of 2026-11-25 they win 23 of 60 problems,
+# every N=2048 conv but the stem's, by 11-27% over the best stock kernel.
 SM90_PERSISTENT_TILES = [
     Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop"),
     Sm90Tile((256, 128, 64), (1, 1, 1), 4, "coop"),
     Sm90Tile((128, 256, 64), (1, 1, 1), 4, "coop"),
     Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp"),
 ]
+SM90_TILES = SM90_STOCK_TILES + SM90_PERSISTENT_TILES
+# The ``ci`` kernel set's family-90 instances (fp16 only): one stock, one persistent, so that
+# CI compiles both templates (~70 s each on one core).
+SM90_CI_TILES = [SM90_STOCK_TILES[0], SM90_PERSISTENT_TILES[0]]
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,10 @@ class Rule:
     strided_dgrad: bool | None = None  # dgrad: the winner was the strided kernel
 
 
-def default_tiles(key: InstanceKey, sm90_persistent: bool = False) -> list[Tile | Sm90Tile]:
-    """The tiles built without a profile; ``sm90_persistent`` adds SM90_PERSISTENT_TILES to
-    family 90's."""
+def default_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
+    """The tiles built without a profile."""
     if key.family == 90:
-        return list(SM90_TILES) + (list(SM90_PERSISTENT_TILES) if sm90_persistent else [])
+        return list(SM90_TILES)
     if OP_FAMILY[key.op].conv_kind == "wgrad":
         return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((64, 128, 32), (2, 2, 1), 4)]
     if key.family == 70:
@@ -166,11 +166,11 @@ SWEEP_TILES = [
 ]
 
 
-def ci_tiles(key: InstanceKey, sm90_persistent: bool = False) -> list[Tile | Sm90Tile]:
-    """The ``ci`` kernel set's one tile per key, whatever the profiles say (family 90 with
-    ``sm90_persistent``: plus the first persistent tile)."""
+def ci_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
+    """The ``ci`` kernel set's tiles, whatever the profiles say: one per key (family 90: one
+    stock, one persistent)."""
     if key.family == 90:
-        return [SM90_CI_TILE] + (SM90_PERSISTENT_TILES[:1] if sm90_persistent else [])
+        return list(SM90_CI_TILES)
     return default_tiles(key)[-1:]
 
 
@@ -308,12 +308,9 @@ def profile_files(profiles_dir: Path, family: int) -> list[Path]:
     return sorted(profiles_dir.glob(f"*/sm{family}.csv"))
 
 
-def select_tiles(key: InstanceKey, profiles_dir: Path | None,
-                 sm90_persistent: bool = False) -> tuple[list[Tile | Sm90Tile], list[Rule], str]:
-    """Tiles to instantiate for one key, the dispatch rules, and where they came from.
-    Without ``sm90_persistent`` the persistent family-90 kernels' rows do not count (their
-    kernels are not built)."""
-    tiles = default_tiles(key, sm90_persistent)
+def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile | Sm90Tile], list[Rule], str]:
+    """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
+    tiles = default_tiles(key)
     if profiles_dir is None:
         return tiles, [], "default"
     rows: list[dict] = []
@@ -324,8 +321,6 @@ def select_tiles(key: InstanceKey, profiles_dir: Path | None,
             sources.append(path.parent.name)
         except (ProfileError, OSError, csv.Error) as e:
             warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")
-    if key.family == 90 and not sm90_persistent:
-        rows = [r for r in rows if r["Operation"] == "cudnn" or not _row_schedule(r)]
     rules = rules_from_profiles(rows, key)
     if not rules:
         return tiles, [], "default"

@@ -6,7 +6,7 @@ import pytest
 from cutlass_ops_gen.__main__ import main as generate, parse_archs
 from cutlass_ops_gen.emitter import dgrad_variants, emit_instance, kernel_name
 from cutlass_ops_gen.manifest import InstanceKey, arch_families, instance_keys
-from cutlass_ops_gen.tiles import (SM90_CI_TILE, SM90_PERSISTENT_TILES, SM90_TILES, Problem, Sm90Tile, Tile, ci_tiles,
+from cutlass_ops_gen.tiles import (SM90_CI_TILES, SM90_PERSISTENT_TILES, SM90_STOCK_TILES, SM90_TILES, Problem, Sm90Tile, Tile, ci_tiles,
                                    default_tiles, select_tiles)
 
 KEY = InstanceKey("conv2d_fused", 80, "f16", 8)
@@ -276,7 +276,7 @@ def test_family_90_iff_90_in_archs(archs, kernel_set, tmp_path):
     line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
     assert all(s in line for s in sm90) and (line == "set(CUTLASS_OPS_INSTANCES_SM90 )") == (90 not in archs)
     if 90 in archs:
-        expected = 1 if kernel_set == "ci" else 2 * len(SM90_TILES)
+        expected = len(SM90_CI_TILES) if kernel_set == "ci" else 2 * len(SM90_TILES)
         assert len(sm90) == expected
 
 
@@ -286,17 +286,20 @@ def test_family_90_keys_are_fused_fprop_align8_only():
     assert [k for k in instance_keys([80, 90], "ci") if k.family == 90] == [InstanceKey("conv2d_fused", 90, "f16", 8)]
 
 
-def test_ci_set_has_exactly_one_sm90_f16_instance(tmp_path):
+def test_ci_set_has_one_stock_and_one_persistent_sm90_f16_instance(tmp_path):
     out = tmp_path / "gen"
     generate(["--archs", "80;90", "--kernels", "ci", "--out", str(out)])
-    sm90 = [p.stem for p in out.glob("*_sm90_*.cu")]
-    assert sm90 == [kernel_name(InstanceKey("conv2d_fused", 90, "f16", 8), SM90_CI_TILE)]
+    key = InstanceKey("conv2d_fused", 90, "f16", 8)
+    sm90 = sorted(p.stem for p in out.glob("*_sm90_*.cu"))
+    assert sm90 == sorted(kernel_name(key, t) for t in SM90_CI_TILES)
+    assert [t.schedule for t in SM90_CI_TILES] == ["", "coop"]
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
-    assert "kNumKernels = 5" in table  # the family-80 ci set's four, plus one
+    assert "kNumKernels = 6" in table  # the family-80 ci set's four, plus two
     # Family-80 rows keep their fields; family-90 rows add the cluster.
     assert re.search(r'\{"cutlass_ops_conv2d_fused_f16_sm80_[^"]+", 80, DType::kF16, 8, 64, 64, 64, 4, &\w+\},', table)
-    m, n, k = SM90_CI_TILE.threadblock
-    assert f'", 90, DType::kF16, 8, {m}, {n}, {k}, {SM90_CI_TILE.stages}, &{sm90[0]}, 1, 1}},' in table
+    for tile in SM90_CI_TILES:
+        m, n, k = tile.threadblock
+        assert f'", 90, DType::kF16, 8, {m}, {n}, {k}, {tile.stages}, &{kernel_name(key, tile)}, 1, 1}},' in table
 
 
 def test_sm90_instance_names_the_template_with_its_configuration():
@@ -342,34 +345,28 @@ def test_sm90_profile_rows_are_read_without_warps_and_never_split(tmp_path):
     assert f'", 90, DType::kF16, 8, 64, 256, 64, 0, &{kernel_name(key, winner)}, 2, 1}},' in table
 
 
-# ---- family 90, persistent kernels (off by default) -------------------------------------------
+# ---- family 90, persistent kernels ----------------------------------------------------------
 
-def test_sm90_persistent_tiles_are_off_by_default_and_named_by_schedule(tmp_path):
+def test_sm90_default_tiles_are_stock_and_persistent_named_by_schedule(tmp_path):
     key = InstanceKey("conv2d_fused", 90, "f16", 8)
-    assert default_tiles(key) == SM90_TILES and not any(t.schedule for t in SM90_TILES)
-    assert default_tiles(key, sm90_persistent=True) == SM90_TILES + SM90_PERSISTENT_TILES
-    assert ci_tiles(key) == [SM90_CI_TILE] and ci_tiles(key, True) == [SM90_CI_TILE, SM90_PERSISTENT_TILES[0]]
+    assert default_tiles(key) == SM90_TILES == SM90_STOCK_TILES + SM90_PERSISTENT_TILES
+    assert not any(t.schedule for t in SM90_STOCK_TILES)
     assert {t.schedule for t in SM90_PERSISTENT_TILES} == {"coop", "pp"}
+    assert ci_tiles(key) == SM90_CI_TILES
     assert kernel_name(key, Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop")) == \
         "cutlass_ops_conv2d_fused_f16_sm90_128x128x64_6s_1x1c_coop_align8"
     assert kernel_name(key, Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp")) == \
         "cutlass_ops_conv2d_fused_f16_sm90_128x64x64_6s_1x1c_pp_align8"
     with pytest.raises(ValueError):
         Sm90Tile((128, 128, 64), (1, 1, 1), 4, "streamk")
-    names = [kernel_name(k, t) for k in instance_keys([90], "all") if k.family == 90
-             for t in default_tiles(k, sm90_persistent=True)]
+    names = [kernel_name(k, t) for k in instance_keys([90], "all") if k.family == 90 for t in default_tiles(k)]
     assert len(names) == len(set(names))
-    # The generator: without the flag no persistent instance, with it all of them.
-    for flag, expected in (([], 2 * len(SM90_TILES)), (["--sm90-persistent"], 2 * (len(SM90_TILES) + len(SM90_PERSISTENT_TILES)))):
-        out = tmp_path / ("gen" + "".join(flag))
-        generate(["--archs", "90", "--kernels", "all", "--out", str(out)] + flag)
-        sm90 = [p.stem for p in out.glob("*_sm90_*.cu")]
-        assert len(sm90) == expected
-        assert any(n.endswith(("_coop_align8", "_pp_align8")) for n in sm90) == bool(flag)
-    out = tmp_path / "gen_ci"
-    generate(["--archs", "90", "--kernels", "ci", "--sm90-persistent", "--out", str(out)])
-    assert sorted(p.stem for p in out.glob("*_sm90_*.cu")) == sorted(
-        kernel_name(key, t) for t in (SM90_CI_TILE, SM90_PERSISTENT_TILES[0]))
+    # The generator builds every default tile for both 16-bit dtypes.
+    out = tmp_path / "gen"
+    generate(["--archs", "90", "--kernels", "all", "--out", str(out)])
+    sm90 = [p.stem for p in out.glob("*_sm90_*.cu")]
+    assert len(sm90) == 2 * len(SM90_TILES)
+    assert sum(n.endswith(("_coop_align8", "_pp_align8")) for n in sm90) == 2 * len(SM90_PERSISTENT_TILES)
 
 
 def test_sm90_persistent_instance_names_the_persistent_template():
@@ -384,7 +381,7 @@ def test_sm90_persistent_instance_names_the_persistent_template():
     assert re.search(r"Sm90FusedConvPersistent<cutlass::bfloat16_t, 128, 64, 64, 1, 1, 6,\s+"
                      r"cutlass_ops::sm90_persistent::ConvPingpong>", text)
     # The stock template stays as it was.
-    _, text = emit_instance(key, SM90_CI_TILE, "default")
+    _, text = emit_instance(key, SM90_STOCK_TILES[0], "default")
     assert "Sm90FusedConvPersistent" not in text and "conv2d_fused_sm90_instance.cuh" in text
 
 
@@ -402,18 +399,14 @@ def test_sm90_profile_rows_carry_the_schedule_in_the_name(tmp_path):
     key = InstanceKey("conv2d_fused", 90, "f16", 8)
     coop = Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop")
     pp = Sm90Tile((128, 64, 64), (1, 1, 1), 6, "pp")
-    tiles, rules, _ = select_tiles(key, tmp_path / "profiles", sm90_persistent=True)
+    tiles, rules, _ = select_tiles(key, tmp_path / "profiles")
     assert [r.tile for r in rules] == [coop, pp]
     assert coop in tiles and pp in tiles
-    # Without the flag the persistent rows do not count: the stock kernels win, nothing persistent is built.
-    tiles, rules, _ = select_tiles(key, tmp_path / "profiles")
-    assert [r.tile for r in rules] == [Sm90Tile((128, 128, 64), (1, 1, 1), 4), Sm90Tile((128, 64, 64), (1, 1, 1), 4)]
-    assert not any(t.schedule for t in tiles)
     # A schedule column, where a profile has one, says the same.
     text = (d / "sm90.csv").read_text().replace(",Runtime\n", ",Runtime,schedule\n", 1)
     text = text.replace(name.format("128x128x64_6s_1x1c_coop"), "some_cutlass_kernel_align8")
     lines = text.splitlines()
     lines = [line + (",coop" if "some_cutlass_kernel" in line else ",") if line[0].isdigit() else line for line in lines]
     (d / "sm90.csv").write_text("\n".join(lines) + "\n")
-    _, rules, _ = select_tiles(key, tmp_path / "profiles", sm90_persistent=True)
+    _, rules, _ = select_tiles(key, tmp_path / "profiles")
     assert rules[0].tile == coop
