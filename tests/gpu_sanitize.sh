@@ -48,7 +48,7 @@ for tool in $TOOLS; do
   case "$tool" in
     memcheck) extra=(--leak-check no) ;;
     racecheck) extra=(--racecheck-report analysis) ;;
-    initcheck) extra=(--track-unused-memory no) ;;
+    initcheck) ;;  # (--track-unused-memory takes no value: "no" became the target program)
     synccheck) ;;
     *) echo "unknown tool $tool" >&2; exit 2 ;;
   esac

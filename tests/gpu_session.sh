@@ -15,6 +15,7 @@
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
 # peers' max-autotune compile from cache instead of autotuning again.
 #   OUT=dir STEPS="train:512" SKIP_TESTS=1 bash tests/gpu_session.sh
+#   OUT=dir FROM_WHEEL=1 STEPS="sm90-tests reliability" bash tests/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_results}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -42,6 +43,16 @@ if [ -f gpu_carry/inductor_cache.tgz ] && [ ! -f "$TORCHINDUCTOR_CACHE_DIR/.from
 fi
 for f in train.json resnet.json; do [ -f "gpu_carry/$f" ] && [ ! -f "$OUT/$f" ] && cp "gpu_carry/$f" "$OUT/$f"; done
 
+# FROM_WHEEL=1: no build; every step runs the wheel in gpu_carry/ (built elsewhere, e.g. on the
+# CPU machine against the same torch), installed into a folder of its own.
+if [ "${FROM_WHEEL:-0}" = 1 ]; then
+  whl=$(ls gpu_carry/cutlass_ops-*.whl 2>/dev/null | head -1)
+  [ -n "$whl" ] || { echo "FROM_WHEEL=1 but gpu_carry/ has no cutlass_ops-*.whl"; exit 1; }
+  rm -rf /tmp/wheel_site && "$PYTHON" -m pip install -q --no-deps --target /tmp/wheel_site "$whl" || exit 1
+  export PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH}
+  echo "== from $(basename "$whl"): $(cd /tmp && "$PYTHON" -P -c 'import json, cutlass_ops; print(json.dumps(cutlass_ops._library.build_info()))')"
+  SKIP_BUILD=1 SKIP_TESTS=1
+fi
 # Always (re)install: in a warm machine's build-session/ only what changed recompiles.
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   bstart=$(date +%s)

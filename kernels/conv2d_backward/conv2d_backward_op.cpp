@@ -5,6 +5,9 @@
 
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace cutlass_ops {
 namespace conv2d_backward {
 
@@ -65,6 +68,62 @@ at::ScalarType compute_type(at::Tensor const& t) {
   return t.is_cuda() && half ? dtype : accumulate_type(dtype);
 }
 
+// Above this many elements in the input or grad_output, conv2d_wgrad's ATen path sums the
+// weight gradient over chunks of samples and output rows (CUTLASS_OPS_WGRAD_CHUNK_ELEMENTS
+// overrides it, for tests).  In one piece, ATen's fp16 convolution_backward returned inf on an
+// H100 for a 2^31-element 1x1 wgrad whose true sums are ~1e4 (tests/python/test_large_tensors.py).
+int64_t wgrad_chunk_elements() {
+  char const* env = std::getenv("CUTLASS_OPS_WGRAD_CHUNK_ELEMENTS");
+  int64_t v = env ? std::atoll(env) : 0;
+  return v > 0 ? v : (int64_t(1) << 30);
+}
+
+// G = dL/dw of conv2d(x, w, stride, padding) for dy, in the accumulate type `acc`: in one ATen
+// call (in `compute`) when both operands fit in a chunk, else as a sum over chunks, each in
+// `acc`: groups of whole samples, or one sample's output rows [p0, p1) against the input rows
+// they read, [p0*sh - ph, (p1-1)*sh - ph + R), zero-padded where those leave the image.
+at::Tensor weight_grad(at::Tensor const& dy, at::Tensor const& x, at::Tensor const& w, ConvShape const& s,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::ScalarType compute, at::ScalarType acc) {
+  auto cl = at::MemoryFormat::ChannelsLast;
+  auto wgrad = [&](at::Tensor const& dy_part, at::Tensor const& x_part, at::ScalarType t, at::IntArrayRef pad) {
+    // convolution_backward reads only the weight's shape.
+    auto grads = at::convolution_backward(dy_part.to(t).contiguous(cl), x_part.to(t).contiguous(cl), w.to(t),
+                                          c10::nullopt, stride, pad, {1, 1}, false, {0, 0}, 1, {false, true, false});
+    return std::get<1>(grads).to(acc);
+  };
+  int64_t const budget = wgrad_chunk_elements();
+  if (x.numel() <= budget && dy.numel() <= budget) return wgrad(dy, x, compute, padding);
+
+  auto g = at::zeros(w.sizes(), w.options().dtype(acc));
+  int64_t const sample = std::max(s.C * s.H * s.W, s.K * s.P * s.Q);
+  if (sample <= budget) {  // whole samples
+    int64_t const per = std::max<int64_t>(1, budget / sample);
+    for (int64_t n0 = 0; n0 < s.N; n0 += per) {
+      int64_t const nb = std::min(per, s.N - n0);
+      g += wgrad(dy.narrow(0, n0, nb), x.narrow(0, n0, nb), acc, padding);
+    }
+    return g;
+  }
+  // Output rows per chunk: dy's rows and the input rows they read both within the budget.
+  int64_t const sh = stride[0], ph = padding[0];
+  int64_t const by_dy = budget / (s.K * s.Q);
+  int64_t const by_x = (budget / (s.C * s.W) - s.R) / sh + 1;
+  int64_t const rows = std::max<int64_t>(1, std::min({s.P, by_dy, by_x}));
+  for (int64_t n = 0; n < s.N; ++n) {
+    for (int64_t p0 = 0; p0 < s.P; p0 += rows) {
+      int64_t const p1 = std::min(s.P, p0 + rows);
+      int64_t const h0 = p0 * sh - ph, h1 = (p1 - 1) * sh - ph + s.R;  // input rows read, padding included
+      int64_t const lo = std::max<int64_t>(0, h0), hi = std::min(s.H, h1);
+      at::Tensor x_part = x.narrow(0, n, 1);
+      x_part = hi > lo ? x_part.narrow(2, lo, hi - lo) : x_part.narrow(2, 0, 0);
+      // (W left, W right, H top, H bottom): the rows' own zero padding; W keeps the conv's.
+      x_part = at::constant_pad_nd(x_part.to(acc), {0, 0, lo - h0, h1 - std::max(hi, lo)});
+      g += wgrad(dy.narrow(0, n, 1).narrow(2, p0, p1 - p0), x_part, acc, {0, padding[1]});
+    }
+  }
+  return g;
+}
+
 }  // namespace
 
 std::string& last_kernel_slot() {
@@ -118,15 +177,11 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_aten(at::Tensor const& grad_outp
                                                      at::Tensor const& weight, at::IntArrayRef stride,
                                                      at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
   last_kernel_slot() = "aten";
-  check_wgrad(grad_output, input, weight, stride, padding, scale);
+  ConvShape s = check_wgrad(grad_output, input, weight, stride, padding, scale);
   auto compute = compute_type(grad_output);
   auto acc = accumulate_type(grad_output.scalar_type());
   auto cl = at::MemoryFormat::ChannelsLast;
-  // convolution_backward reads only the weight's shape.
-  auto grads = at::convolution_backward(grad_output.to(compute).contiguous(cl), input.to(compute).contiguous(cl),
-                                        weight.to(compute), c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
-                                        {false, true, false});
-  auto g = std::get<1>(grads).to(acc).contiguous(cl);
+  auto g = weight_grad(grad_output, input, weight, s, stride, padding, compute, acc).contiguous(cl);
   auto grad_scale = (g * weight.to(acc)).sum();
   auto grad_weight = scale ? g * scale->to(acc).reshape({}) : g;
   return {grad_weight.to(weight.scalar_type()).contiguous(cl), grad_scale};

@@ -173,6 +173,30 @@ def test_float64_is_exact_aten(device, rng):
         assert rel < 1e-12 and mx < 1e-11, (rel, mx)
 
 
+# The ATen path's chunked weight gradient (used above 2^30 elements; here forced small with
+# CUTLASS_OPS_WGRAD_CHUNK_ELEMENTS): groups of samples, and output rows against the input rows
+# they read, zero-padded at the image's edges.  Budgets as fractions of the larger operand:
+# from below one row to a few samples.
+@pytest.mark.parametrize("case", [
+    (3, 16, 9, 7, 24, 3, 3, 1, 1),
+    (2, 8, 11, 6, 16, 5, 3, 2, 2),    # rows a stride leaves over, pad 2 on a 5-row kernel
+    (2, 8, 10, 5, 8, 3, 3, 3, 0),     # stride 3, no padding: input rows between chunks unread
+    (4, 16, 6, 6, 32, 1, 1, 1, 0),
+])
+@pytest.mark.parametrize("fraction", [0.01, 0.1, 0.3, 0.6])
+def test_wgrad_aten_chunks(case, fraction, monkeypatch, rng):
+    x, weight, dy, stride, pad = _operands(case, torch.float32, "cpu", rng)
+    x, weight, dy = x.double(), weight.double(), dy.double()
+    budget = max(1, int(fraction * max(x.numel(), dy.numel())))  # below it: the chunked path runs
+    monkeypatch.setenv("CUTLASS_OPS_WGRAD_CHUNK_ELEMENTS", str(budget))
+    scale = torch.tensor(-0.8, dtype=torch.float64)
+    dw, ds = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, scale)
+    g = conv2d_weight(x, weight.shape, dy, stride, pad)
+    for got, want in ((dw, g * scale), (ds, (g * weight).sum())):
+        rel, mx = errors(got, want)
+        assert rel < 1e-12 and mx < 1e-11, (budget, rel, mx)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_input(device, rng):
     x, weight, dy, stride, pad = _operands(CASES[0], torch.float16, device, rng)
