@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/cuda_device.h"
@@ -34,8 +35,9 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
   int64_t C = h.size(1), R = w1.size(0);
   at::Tensor hc = h.contiguous(at::MemoryFormat::ChannelsLast);
   at::Tensor ic = identity.contiguous(at::MemoryFormat::ChannelsLast);
+  int64_t const image = C * h.size(2) * h.size(3);  // elements per image
   bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
-                     aligned16(hc) && aligned16(ic) && h.numel() < INT32_MAX;
+                     aligned16(hc) && aligned16(ic) && image < INT32_MAX;
   if (!kernel_fits) {
     return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool, h_bias);
   }
@@ -51,21 +53,32 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
 
   SeGateArgs a{};
   a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
-  a.N = h.size(0); a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
-  a.h = hc.data_ptr(); a.identity = ic.data_ptr(); a.out = out.data_ptr();
-  a.pooled = avgpool ? pooled.data_ptr() : nullptr;
+  a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
   a.w1 = w1f.data_ptr<float>(); a.b1 = b1f.data_ptr<float>();
   a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
   a.identity_bias = idb.defined() ? idb.data_ptr<float>() : nullptr;
   a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
   a.h_bias = hb.defined() ? hb.data_ptr<float>() : nullptr;
   int dev = h.device().index();
-  SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
-                                    device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  a.stage_w2 = shape.stage_w2;
   a.programmatic_launch = programmatic_launch_allowed(dev);
-  cudaError_t err = launch_se_gate(a, shape.images_per_cta, c10::cuda::getCurrentCUDAStream(dev).stream());
-  TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
+  // The kernel indexes in 32 bits, and the op is per image: over 2^31 elements it runs on
+  // chunks of whole images, each under 2^31 (one launch in the usual case).
+  int64_t const N = h.size(0), chunk = (int64_t(INT32_MAX) - 1) / image;
+  int64_t const pooled_image = avgpool ? pooled.numel() / N : 0;
+  auto* h0 = static_cast<char const*>(hc.data_ptr());
+  auto* i0 = static_cast<char const*>(ic.data_ptr());
+  auto* o0 = static_cast<char*>(out.data_ptr());
+  int64_t const bytes = h.element_size();
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    a.N = static_cast<int>(std::min(chunk, N - n0));
+    a.h = h0 + n0 * image * bytes; a.identity = i0 + n0 * image * bytes; a.out = o0 + n0 * image * bytes;
+    a.pooled = avgpool ? static_cast<char*>(pooled.data_ptr()) + n0 * pooled_image * bytes : nullptr;
+    SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
+                                      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    a.stage_w2 = shape.stage_w2;
+    cudaError_t err = launch_se_gate(a, shape.images_per_cta, c10::cuda::getCurrentCUDAStream(dev).stream());
+    TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
+  }
   return {out, pooled};
 }
 
