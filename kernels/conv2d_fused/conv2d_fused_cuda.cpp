@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -61,9 +62,24 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
     last_kernel_slot() = "none (empty)";
     return output;
   }
-  TORCH_CHECK_VALUE(out.N * input.size(2) * input.size(3) * input.size(1) < INT32_MAX &&
-                        output.numel() < INT32_MAX,
-                    "conv2d_fused: tensors over 2^31 elements are not supported; split the batch");
+  // The kernels index in 32 bits.  Over 2^31 elements: chunks of whole images, each under
+  // 2^31, through this same function (outputs copied into place); an image over 2^31 on its
+  // own takes the ATen composite (64-bit indexing, float32 temporaries).
+  int64_t const in_image = input.numel() / out.N, out_image = output.numel() / out.N;
+  if (input.numel() >= INT32_MAX || output.numel() >= INT32_MAX) {
+    int64_t const per = (int64_t(INT32_MAX) - 1) / std::max(in_image, out_image);
+    if (per == 0) {
+      TORCH_WARN_ONCE("cutlass_ops.conv2d_fused: one image over 2^31 elements; using the slower ATen composite");
+      return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
+    }
+    for (int64_t n0 = 0; n0 < out.N; n0 += per) {
+      int64_t const nb = std::min(per, out.N - n0);
+      c10::optional<at::Tensor> res_part = residual ? c10::optional<at::Tensor>(residual->narrow(0, n0, nb)) : residual;
+      output.narrow(0, n0, nb).copy_(conv2d_fused_cuda(input.narrow(0, n0, nb), weight, bias, res_part, scale,
+                                                       post_bias, stride, padding, relu));
+    }
+    return output;
+  }
 
   at::Tensor x = as_nhwc(input), w = as_nhwc(weight);
   at::Tensor res = residual ? as_nhwc(*residual) : at::Tensor();

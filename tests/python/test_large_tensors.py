@@ -40,13 +40,24 @@ def _free():
     torch.cuda.empty_cache()
 
 
-def test_large_conv2d_fused_over_2_31_raises_before_launch():
-    need(10)
-    x = torch.empty(1, 8, 16384, 16384, dtype=H, device="cuda", memory_format=torch.channels_last).zero_()  # 2^31
-    w = randn(8, 8, 1, 1, cl=True)
-    with pytest.raises(ValueError, match="2\\^31 elements"):
-        cutlass_ops.conv2d_fused(x, w, None, None, 1, 0)
-    torch.cuda.synchronize()  # nothing was launched: the context is fine
+@pytest.mark.parametrize("n", [2, 1])
+def test_large_conv2d_fused_over_2_31(n):
+    """2^31 elements: two images of 2^30 run as two chunks of one image each; one image of
+    2^31 takes the ATen composite (with its warning).  Checked with a residual and every
+    epilogue term, at the start and the far end of the last image."""
+    need(12 if n == 2 else 48)
+    hw = 16384 if n == 1 else 11586  # n=2: 8 * 11586^2 * 2, just over 2^31 elements
+    x = randn(n, 8, hw, hw, cl=True)
+    w = (randn(8, 8, 1, 1, cl=True) * 0.3).contiguous(memory_format=torch.channels_last)
+    res = randn(n, 8, hw, hw, cl=True)
+    bias = torch.linspace(-1, 1, 8, device="cuda")
+    scale, post = torch.tensor(0.7, device="cuda"), torch.tensor(-0.2, device="cuda")
+    assert x.numel() >= LIMIT
+    out = cutlass_ops.conv2d_fused(x, w, bias, res, 1, 0, scale, post, True)
+    for r0 in (0, hw - 2):
+        want = (torch.einsum("nchw,kc->nkhw", x[-1:, :, r0:r0 + 2].double(), w.double().view(8, 8)) * 0.7
+                + bias.double().view(1, 8, 1, 1) + res[-1:, :, r0:r0 + 2].double()).relu() - 0.2
+        assert errors(out[-1:, :, r0:r0 + 2], want)[0] < 2e-3, r0
 
 
 @pytest.mark.parametrize("kernel", [3, 1])
