@@ -420,7 +420,8 @@ def _backward(ctx, grad_y, grad_saved):
         a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
         gw.append(dz.t() @ a_prev)
         gb.append(dz.sum(0) if ctx.has_bias[i] else None)
-    return (dx if need_dx else None), gw, gb, None, None
+    # a list of Nones is one pytree leaf to autograd's input spec: its gradient is one None
+    return (dx if need_dx else None), gw, (gb if any(ctx.has_bias) else None), None, None
 
 
 torch.library.register_autograd("cutlass_ops::fused_mlp", _backward, setup_context=_setup_context)
