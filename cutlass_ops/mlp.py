@@ -404,6 +404,15 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, *weights, *saved)
 
 
+def _weight_grad(dz: torch.Tensor, a_prev: torch.Tensor) -> torch.Tensor:
+    """dW = dz^T a_prev, a sum over the batch.  16-bit on CUDA: a float32-output GEMM (mm.dtype),
+    rounded once at the end; a plain 16-bit mm let cuBLAS reduce split-K partial sums in bf16
+    (allow_bf16_reduced_precision_reduction), 12% off for a width-1 layer over 20011 rows on an H100."""
+    if dz.is_cuda and dz.dtype in _CUDA_DTYPES:
+        return torch.mm(dz.t(), a_prev, out_dtype=torch.float32).to(dz.dtype)
+    return dz.t() @ a_prev
+
+
 def _backward(ctx, grad_y, grad_saved):
     if not ctx.saved_forward:
         raise RuntimeError("fused_mlp: backward through a call made with save=False (FusedMLP saves "
@@ -418,7 +427,7 @@ def _backward(ctx, grad_y, grad_saved):
     for i, layer in enumerate(spec.layers):
         dz = dzs[i][:, :layer.out_features]
         a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
-        gw.append(dz.t() @ a_prev)
+        gw.append(_weight_grad(dz, a_prev))
         gb.append(dz.sum(0) if ctx.has_bias[i] else None)
     # a list of Nones is one pytree leaf to autograd's input spec: its gradient is one None
     return (dx if need_dx else None), gw, (gb if any(ctx.has_bias) else None), None, None
