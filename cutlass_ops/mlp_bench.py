@@ -123,7 +123,7 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                         tp = _throughput(fn, calls, reps)
                         lat = _latency(fn, latency_iters)
                         r = {"setup_s": setup, "throughput_ms": tp, "latency_ms": lat,
-                             "tflops": row["gflop"] / tp / 1e3 if tp > 0 else math.nan}
+                             "tflops": row["gflop"] / tp if tp > 0 else math.nan}  # GFLOP per ms
                         if system == "FusedMLP":
                             r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
                                      cache_hit=extra.get("cache_hit"), rows_per_cta=extra.get("rows_per_cta"))
