@@ -64,6 +64,8 @@ def cmd_bench(args) -> int:
         return 2
     if args.what == "resnet":
         return bench_resnet_cmd(args)
+    if args.what == "mlp":
+        return bench_mlp_cmd(args)
     if args.what == "train":
         return bench_train_cmd(args)
     if args.what == "giou":
@@ -110,6 +112,27 @@ def _finish(result: dict, out: Path, merge: bool, print_table, plot) -> int:
     print_table(result)
     write_json(out, result)
     plot(result, out.with_suffix(".png"))
+    return 0
+
+
+def bench_mlp_cmd(args) -> int:
+    from .bench import environment, write_json
+    from .mlp_bench import BATCHES, MODELS, SYSTEMS, bench_mlp
+    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/mlp.json")
+    batches = args.batch if args.batch != RESNET_BATCHES else BATCHES
+    for name in args.systems or []:
+        if name not in SYSTEMS:
+            print(f"bench mlp: unknown system {name!r}; choices: {SYSTEMS}", file=sys.stderr)
+            return 2
+    for name in args.models or []:
+        if name not in MODELS:
+            print(f"bench mlp: unknown model {name!r}; choices: {list(MODELS)}", file=sys.stderr)
+            return 2
+    result = bench_mlp(args.models, batches, _dtype(args.dtype or "fp16"), tuple(args.modes), args.systems,
+                       calls=args.calls or 20, reps=args.reps, latency_iters=args.latency_iters)
+    result["environment"] = environment()
+    write_json(out, result)
+    print(f"wrote {out}")
     return 0
 
 
@@ -187,13 +210,18 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against PyTorch in the same process (CUDA events, "
                                      "medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou", "train"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp"],
                    help="conv: one fused conv layer; resnet: FusedResNet inference, train: a FusedResNet "
                         "training step (fwd+bwd), each vs eager (+ CUDA graph) and torch.compile "
                         "max-autotune (NCHW, channels_last, and no-cudagraphs captured by hand), in "
                         "throughput, latency and device time, with setup time and peak memory (JSON + "
                         "PNG); giou: the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision "
-                        "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`)")
+                        "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`); mlp: FusedMLP vs "
+                        "eager and torch.compile max-autotune on four MLPs, inference and fwd+bwd, batch "
+                        "2^14, 2^18, 2^21 (throughput and latency, JSON)")
+    b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all four)")
+    b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
+                   help="mlp: inference and/or train (fwd+bwd)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
                    help="resnet: batch sizes (default 1 128 512 2048); train: default 512 2048")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")

@@ -1,9 +1,8 @@
 """FusedMLP front end: trace a user's PyTorch MLP into an ``MlpSpec`` (issue 19, part 1).
 
-This is ONLY the generator's front end.  There is no FusedMLP kernel yet, no torch op, and
-nothing named FusedMLP is exported from ``cutlass_ops``: this module turns a model into the
-description that a future code generator (N-layer back-to-back GEMM) will consume.  It runs on
-the CPU and needs torch (for torch.fx) but no CUDA and no compiler.
+This is the generator's front end: it turns a model into the description that the code
+emitter (``mlp_emit.py``) and ``cutlass_ops.FusedMLP`` consume.  It runs on the CPU and needs
+torch (for torch.fx) but no CUDA and no compiler.
 
 ``trace_mlp(model, example_input)`` symbolically traces ``model`` with torch.fx and accepts a
 chain of ``nn.Linear`` layers (in/out width 1..256, bias or not) with elementwise functions
@@ -12,7 +11,8 @@ layers, or after the last) becomes a small expression tree ``Expr`` in one varia
 Linear's output (the fp32 GEMM accumulator plus bias).  From the same tree come:
 
 - ``cuda``: a CUDA device expression in ``x`` (float math: expf, tanhf, erff, ...);
-- ``cuda_grad``: its derivative d out / d x, from symbolic differentiation of the tree.
+- ``cuda_grad``: its derivative d out / d x, from symbolic differentiation of the tree;
+- ``to_torch(tree, x)``: the same expression on a torch tensor (the op's CPU implementation).
 
 Anything else raises ``ValueError`` naming the fx node and the reason.
 """
@@ -262,6 +262,39 @@ def to_cuda(e: Expr) -> str:
         return f"powf({a[0]}, {_literal(e.value)})"
     if op == "select":
         return f"({a[0]} > 0.0f ? {a[1]} : {a[2]})"
+    raise AssertionError(op)  # pragma: no cover
+
+
+def to_torch(e: Expr, x):
+    """``e`` evaluated on the tensor ``x`` with torch ops, as the emitted CUDA expression computes
+    it (``select`` is ``c > 0 ? a : b``, ``relu`` is ``fmaxf(u, 0)``, sigmoid ``1 / (1 + exp(-u))``)."""
+    import torch
+    op = e.op
+    if op == "x":
+        return x
+    if op == "const":
+        return torch.full_like(x, e.value)
+    a = [to_torch(u, x) for u in e.args]
+    if op in ("exp", "log", "log1p", "sin", "cos", "tanh", "erf", "sqrt", "abs"):
+        return getattr(torch, op)(a[0])
+    if op == "neg":
+        return -a[0]
+    if op == "sigmoid":
+        return 1.0 / (1.0 + torch.exp(-a[0]))
+    if op == "relu":
+        return torch.clamp_min(a[0], 0.0)
+    if op == "add":
+        return a[0] + a[1]
+    if op == "sub":
+        return a[0] - a[1]
+    if op == "mul":
+        return a[0] * a[1]
+    if op == "div":
+        return a[0] / a[1]
+    if op == "powc":
+        return torch.pow(a[0], e.value)
+    if op == "select":
+        return torch.where(a[0] > 0, a[1], a[2])
     raise AssertionError(op)  # pragma: no cover
 
 

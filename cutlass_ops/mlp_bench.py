@@ -1,0 +1,147 @@
+"""``bench mlp``: FusedMLP vs eager PyTorch and torch.compile (max-autotune), inference and
+fwd+bwd, at several batch sizes.  JSON out.
+
+Metrics as in bench.py: **throughput**, `calls` back-to-back calls between two CUDA events,
+median of `reps`, per call; **latency**, one synchronized call between two events, median.
+Each system is set up (for FusedMLP: kernel compile or cache load, reported as compile_s /
+load_s; for torch.compile: compile + autotune) and timed, then released before the next.
+Self-contained (no import of the compiled op library) so that it runs wherever FusedMLP does.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+from .mlp import FusedMLP
+
+
+class _Sin30(nn.Module):
+    def forward(self, x):
+        return torch.sin(30.0 * x)
+
+
+def _chain(widths, act):
+    mods = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        mods.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            mods.append(act())
+    return nn.Sequential(*mods)
+
+
+# the four benchmark models (name -> constructor)
+MODELS = {
+    "relu_32-64x5-16": lambda: _chain([32, 64, 64, 64, 64, 64, 16], nn.ReLU),
+    "siren_3-256x4-1": lambda: _chain([3, 256, 256, 256, 256, 1], _Sin30),
+    "gelu_64-128x3-64": lambda: _chain([64, 128, 128, 128, 64], nn.GELU),
+    "tanh_2-32x2-3": lambda: _chain([2, 32, 32, 3], nn.Tanh),
+}
+BATCHES = [2 ** 14, 2 ** 18, 2 ** 21]
+SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
+
+
+def _throughput(fn, calls, reps):
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        e.synchronize()
+        out.append(s.elapsed_time(e) / calls)
+    return statistics.median(out)
+
+
+def _latency(fn, iters):
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def _flops(model, rows, backward):
+    f = sum(2 * m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear)) * rows
+    return 3 * f if backward else f
+
+
+def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference", "train"), systems=None,
+              calls=20, reps=5, latency_iters=20, progress=print) -> dict:
+    models = models or list(MODELS)
+    batches = batches or BATCHES
+    systems = systems or SYSTEMS
+    out = []
+    for name in models:
+        torch.manual_seed(0)
+        ref = MODELS[name]().to("cuda", dtype)
+        in_f = ref[0].in_features
+        for mode in modes:
+            backward = mode == "train"
+            for rows in batches:
+                x = torch.randn(rows, in_f, device="cuda", dtype=dtype)
+                row = {"model": name, "mode": mode, "rows": rows, "dtype": str(dtype).split(".")[-1],
+                       "gflop": _flops(ref, rows, backward) / 1e9, "systems": {}}
+                for system in systems:
+                    progress(f"{name} {mode} rows={rows}: {system} ...")
+                    t0 = time.perf_counter()
+                    extra, fn = {}, None
+                    try:
+                        if system == "FusedMLP":
+                            module = FusedMLP.from_module(ref)
+                            extra = module.compile_kernel(dtype, "cuda")
+                        elif system == "eager":
+                            module = ref
+                        else:
+                            torch._dynamo.reset()
+                            module = torch.compile(ref, mode="max-autotune")
+                        if backward:
+                            xg = x.clone().requires_grad_(True)
+                            params = list(module.parameters())
+
+                            def fn(module=module, xg=xg, params=params):
+                                y = module(xg)
+                                torch.autograd.grad(y, [xg] + params, torch.ones_like(y))
+                        else:
+                            def fn(module=module):
+                                with torch.no_grad():
+                                    module(x)
+                        for _ in range(3):
+                            fn()
+                        torch.cuda.synchronize()
+                        setup = time.perf_counter() - t0
+                        tp = _throughput(fn, calls, reps)
+                        lat = _latency(fn, latency_iters)
+                        r = {"setup_s": setup, "throughput_ms": tp, "latency_ms": lat,
+                             "tflops": row["gflop"] / tp if tp > 0 else math.nan}  # GFLOP per ms
+                        if system == "FusedMLP":
+                            r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
+                                     cache_hit=extra.get("cache_hit"), rows_per_cta=extra.get("rows_per_cta"))
+                    except Exception as e:  # noqa: BLE001 - reported, the others still run
+                        r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+                    row["systems"][system] = r
+                    del fn
+                    torch.cuda.empty_cache()
+                out.append(row)
+                progress(format_row(row))
+    return {"rows": out, "calls": calls, "reps": reps, "latency_iters": latency_iters}
+
+
+def format_row(row: dict) -> str:
+    parts = [f"{row['model']:18s} {row['mode']:9s} {row['rows']:8d}"]
+    for name, r in row["systems"].items():
+        if "error" in r:
+            parts.append(f"{name}: {r['error'][:60]}")
+        else:
+            parts.append(f"{name}: {r['throughput_ms']:.4f} / {r['latency_ms']:.4f} ms ({r['tflops']:.1f} TFLOP/s)")
+    return "  ".join(parts)

@@ -1,0 +1,391 @@
+// FusedMLP kernel building blocks (issue 19).  mlp_emit.py pastes this file, unchanged, at the
+// top of each generated source and then instantiates it for one model (widths, bias, activation
+// functors) and one dtype.  No CUTLASS and no torch headers: warp-level tensor-core MMA through
+// inline PTX (ldmatrix + mma.sync.m16n8k16, fp32 accumulators; sm_80 and newer, sm_90 included),
+// so a model compiles in seconds.
+//
+// One CTA of FMLP_THREADS threads (4 warps) owns BM = 64 * MT rows; warp w owns rows
+// [16*MT*w, 16*MT*(w+1)).  Activations live in shared memory (two buffers, one layer's input and
+// its output), each warp reading and writing only its own rows, so between layers a warp needs no
+// block barrier.  A layer's weight streams through shared memory in chunks of NC output columns
+// (double-buffered cp.async), which all warps share.  Widths are padded to multiples of 8 (the
+// spec's padding) and, as a GEMM reduction length, to multiples of 16: padded weight rows and
+// columns are zero-filled while loading, padded activation columns are written as zeros.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define FMLP_THREADS 128
+#define FMLP_WARPS 4
+
+namespace fmlp {
+
+__host__ __device__ constexpr int pad8(int v) { return (v + 7) / 8 * 8; }
+__host__ __device__ constexpr int pad16(int v) { return (v + 15) / 16 * 16; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+
+// ---------------------------------------------------------------------------------------------
+// dtype traits: the mma instruction and conversions
+// ---------------------------------------------------------------------------------------------
+template <class T> struct Traits;
+
+template <> struct Traits<__half> {
+  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+  }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+template <> struct Traits<__nv_bfloat16> {
+  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <class T> __device__ __forceinline__ T zero() { return Traits<T>::from_float(0.0f); }
+
+// ---------------------------------------------------------------------------------------------
+// Global <-> shared tiles
+// ---------------------------------------------------------------------------------------------
+
+// rows [row0, row0 + BM) x columns [0, COLS) of a row-major (M x COLS) global matrix into a
+// shared tile of stride S, columns [COLS, CG) zero, rows >= M zero.  Vector loads need COLS % 8
+// == 0 and a 16-byte aligned base (the host side guarantees it).
+template <class T, int BM, int COLS, int CG, int S>
+__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int64_t row0, int64_t M) {
+  if constexpr (COLS % 8 == 0) {
+    constexpr int V = CG / 8;
+    for (int i = threadIdx.x; i < BM * V; i += FMLP_THREADS) {
+      const int r = i / V, c = (i % V) * 8;
+      const int64_t g = row0 + r;
+      uint4* d = reinterpret_cast<uint4*>(dst + r * S + c);
+      if (g < M && c < COLS)
+        *d = *reinterpret_cast<const uint4*>(src + g * COLS + c);
+      else
+        *d = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int i = threadIdx.x; i < BM * CG; i += FMLP_THREADS) {
+      const int r = i / CG, c = i % CG;
+      const int64_t g = row0 + r;
+      dst[r * S + c] = (g < M && c < COLS) ? src[g * COLS + c] : zero<T>();
+    }
+  }
+}
+
+// the shared tile's rows [0, min(BM, M - row0)) x columns [0, COLS) to global (row stride COLS)
+template <class T, int BM, int COLS, int S>
+__device__ __forceinline__ void store_rows(T* __restrict__ dst, const T* src, int64_t row0, int64_t M) {
+  if constexpr (COLS % 8 == 0) {
+    constexpr int V = COLS / 8;
+    for (int i = threadIdx.x; i < BM * V; i += FMLP_THREADS) {
+      const int r = i / V, c = (i % V) * 8;
+      const int64_t g = row0 + r;
+      if (g < M) *reinterpret_cast<uint4*>(dst + g * COLS + c) = *reinterpret_cast<const uint4*>(src + r * S + c);
+    }
+  } else {
+    for (int i = threadIdx.x; i < BM * COLS; i += FMLP_THREADS) {
+      const int r = i / COLS, c = i % COLS;
+      const int64_t g = row0 + r;
+      if (g < M) dst[g * COLS + c] = src[r * S + c];
+    }
+  }
+}
+
+// Forward weight chunk: W is (N x K) row-major (nn.Linear).  ws[r][k] = W[n0 + r][k] for
+// r < NC, k < KG; zero where n0 + r >= N or k >= K.
+template <class T, int K, int KG, int N, int NC, int SW>
+__device__ __forceinline__ void load_w_nk(T* ws, const T* __restrict__ W, int n0) {
+  if constexpr (K % 8 == 0) {
+    constexpr int V = KG / 8;
+    for (int i = threadIdx.x; i < NC * V; i += FMLP_THREADS) {
+      const int r = i / V, k = (i % V) * 8, n = n0 + r;
+      T* d = ws + r * SW + k;
+      if (n < N && k < K)
+        cp_async16(d, W + (int64_t)n * K + k);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int i = threadIdx.x; i < NC * KG; i += FMLP_THREADS) {
+      const int r = i / KG, k = i % KG, n = n0 + r;
+      ws[r * SW + k] = (n < N && k < K) ? W[(int64_t)n * K + k] : zero<T>();
+    }
+  }
+}
+
+// Backward weight chunk: the GEMM dA = dZ . W reduces over W's rows.  ws[j][c] = W[j][i0 + c]
+// for j < JG, c < NC; zero where j >= N or i0 + c >= K.
+template <class T, int K, int N, int JG, int NC, int SW>
+__device__ __forceinline__ void load_w_kn(T* ws, const T* __restrict__ W, int i0) {
+  if constexpr (K % 8 == 0) {
+    constexpr int V = NC / 8;
+    for (int i = threadIdx.x; i < JG * V; i += FMLP_THREADS) {
+      const int j = i / V, c = (i % V) * 8;
+      T* d = ws + j * SW + c;
+      if (j < N && i0 + c < K)
+        cp_async16(d, W + (int64_t)j * K + i0 + c);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int i = threadIdx.x; i < JG * NC; i += FMLP_THREADS) {
+      const int j = i / NC, c = i % NC;
+      ws[j * SW + c] = (j < N && i0 + c < K) ? W[(int64_t)j * K + i0 + c] : zero<T>();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp GEMM: acc[MT][NC/8] (16x8 tiles) += A (the warp's 16*MT rows, columns [0, KG)) x B.
+// TRANS_B = false: B from ws[n][k] (forward, W as stored); true: from ws[k][n] (backward).
+// Only the first `ntiles` n8 tiles are computed (uniform across the warp).
+// ---------------------------------------------------------------------------------------------
+template <class T, int MT, int NC, int KG, int SA, int SW, bool TRANS_B>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NC / 8][4], const T* a, const T* ws, int ntiles) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+
+#pragma unroll 2
+  for (int k0 = 0; k0 < KG; k0 += 16) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4(af[mt], a + (mt * 16 + (lane & 15)) * SA + k0 + (lane >> 4) * 8);
+#pragma unroll
+    for (int j = 0; j < NC / 8; j += 2) {
+      if (j < ntiles) {
+        uint32_t bf[4];
+        const int m = lane >> 3, r = lane & 7;
+        if constexpr (!TRANS_B) {
+          if (j + 1 < NC / 8)
+            ldsm_x4(bf, ws + (j * 8 + (m >> 1) * 8 + r) * SW + k0 + (m & 1) * 8);
+          else
+            ldsm_x2(bf, ws + (j * 8 + r) * SW + k0 + (m & 1) * 8);
+        } else {
+          if (j + 1 < NC / 8)
+            ldsm_x4_t(bf, ws + (k0 + (m & 1) * 8 + r) * SW + j * 8 + (m >> 1) * 8);
+          else
+            ldsm_x2_t(bf, ws + (k0 + (m & 1) * 8 + r) * SW + j * 8);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Traits<T>::mma(acc[mt][j], af[mt], bf);
+          if (j + 1 < NC / 8) Traits<T>::mma(acc[mt][j + 1], af[mt], bf + 2);
+        }
+      }
+    }
+  }
+}
+
+// zero columns [C0, C1) of the warp's rows (the 16-column GEMM padding of a layer's output)
+template <class T, int MT, int C0, int C1, int S>
+__device__ __forceinline__ void zero_cols(T* buf) {
+  if constexpr (C1 > C0) {
+    const int lane = threadIdx.x & 31;
+    for (int i = lane; i < 16 * MT * (C1 - C0); i += 32) buf[(i / (C1 - C0)) * S + C0 + i % (C1 - C0)] = zero<T>();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward layer: out = act(in . W^T + b) for the CTA's rows.  in/out point at the warp's first
+// row.  SAVE: also write the pre-activation z and (when A_OUT) the activation to global
+// (row-major, row stride pad8(N)), rows < M.
+// ---------------------------------------------------------------------------------------------
+template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool A_OUT, int MT, int NC, int SA, int SW>
+__device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, const T* __restrict__ W,
+                                          const T* __restrict__ bias, T* __restrict__ zsave,
+                                          T* __restrict__ asave, int64_t wrow0, int64_t M) {
+  constexpr int KG = pad16(K), NP = pad8(N), NCL = cmin(NC, NP), NCH = (NP + NCL - 1) / NCL;
+  const int lane = threadIdx.x & 31;
+  load_w_nk<T, K, KG, N, NCL, SW>(wb0, W, 0);
+  cp_commit();
+#pragma unroll 1
+  for (int c = 0; c < NCH; ++c) {
+    T* cur = (c & 1) ? wb1 : wb0;
+    if (c + 1 < NCH) {
+      load_w_nk<T, K, KG, N, NCL, SW>((c & 1) ? wb0 : wb1, W, (c + 1) * NCL);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const int n0 = c * NCL;
+    const int ntiles = cmin(NCL, NP - n0) / 8;
+    float acc[MT][NCL / 8][4];
+    warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, cur, ntiles);
+#pragma unroll
+    for (int j = 0; j < NCL / 8; ++j) {
+      if (j < ntiles) {
+        const int col = n0 + j * 8 + 2 * (lane & 3);
+        float b0 = 0.0f, b1 = 0.0f;
+        if constexpr (BIAS) {
+          if (col < N) b0 = Traits<T>::to_float(bias[col]);
+          if (col + 1 < N) b1 = Traits<T>::to_float(bias[col + 1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = mt * 16 + (lane >> 2) + h * 8;
+            const float z0 = acc[mt][j][2 * h] + b0, z1 = acc[mt][j][2 * h + 1] + b1;
+            const float a0 = col < N ? Act::f(z0) : 0.0f, a1 = col + 1 < N ? Act::f(z1) : 0.0f;
+            const uint32_t ap = Traits<T>::pack(a0, a1);
+            *reinterpret_cast<uint32_t*>(out + r * SA + col) = ap;
+            if constexpr (SAVE) {
+              const int64_t g = wrow0 + r;
+              if (g < M) {
+                *reinterpret_cast<uint32_t*>(zsave + g * NP + col) = Traits<T>::pack(z0, z1);
+                if constexpr (A_OUT) *reinterpret_cast<uint32_t*>(asave + g * NP + col) = ap;
+              }
+            }
+          }
+      }
+    }
+    __syncthreads();
+  }
+  zero_cols<T, MT, NP, pad16(NP), SA>(out);
+  __syncwarp();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, elementwise: g = g * act'(z) on the warp's rows, columns [0, pad8(N)) (zero for
+// columns >= N and rows >= M); writes dz = g to global (row stride pad8(N)); zeroes the GEMM
+// padding columns up to pad16.
+// ---------------------------------------------------------------------------------------------
+template <class T, class Act, int N, int MT, int SG>
+__device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __restrict__ dz, int64_t wrow0, int64_t M) {
+  constexpr int NP = pad8(N), V = NP / 8;
+  const int lane = threadIdx.x & 31;
+  for (int i = lane; i < 16 * MT * V; i += 32) {
+    const int r = i / V, c = (i % V) * 8;
+    const int64_t row = wrow0 + r;
+    uint4* gp = reinterpret_cast<uint4*>(g + r * SG + c);
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (row < M) {
+      const uint4 gv = *gp;
+      const uint4 zv = *reinterpret_cast<const uint4*>(z + row * NP + c);
+      const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
+      const uint32_t* zw = reinterpret_cast<const uint32_t*>(&zv);
+      uint32_t* ow = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 gf = Traits<T>::unpack(gw[e]), zf = Traits<T>::unpack(zw[e]);
+        const int col = c + 2 * e;
+        const float d0 = col < N ? gf.x * Act::df(zf.x) : 0.0f;
+        const float d1 = col + 1 < N ? gf.y * Act::df(zf.y) : 0.0f;
+        ow[e] = Traits<T>::pack(d0, d1);
+      }
+      *reinterpret_cast<uint4*>(dz + row * NP + c) = out;
+    }
+    *gp = out;
+  }
+  zero_cols<T, MT, NP, pad16(NP), SG>(g);
+  __syncwarp();
+}
+
+// Backward GEMM: out (the warp's rows, columns [0, pad8(K))) = g (columns [0, pad16(pad8(N))))
+// . W, W (N x K) row-major; the GEMM padding columns up to pad16 are zeroed.
+template <class T, int K, int N, int MT, int NC, int SG, int SW>
+__device__ __forceinline__ void bwd_gemm(const T* g, T* out, T* wb0, T* wb1, const T* __restrict__ W) {
+  constexpr int JG = pad16(pad8(N)), KP = pad8(K), NCL = cmin(NC, KP), NCH = (KP + NCL - 1) / NCL;
+  const int lane = threadIdx.x & 31;
+  load_w_kn<T, K, N, JG, NCL, SW>(wb0, W, 0);
+  cp_commit();
+#pragma unroll 1
+  for (int c = 0; c < NCH; ++c) {
+    T* cur = (c & 1) ? wb1 : wb0;
+    if (c + 1 < NCH) {
+      load_w_kn<T, K, N, JG, NCL, SW>((c & 1) ? wb0 : wb1, W, (c + 1) * NCL);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const int i0 = c * NCL;
+    const int ntiles = cmin(NCL, KP - i0) / 8;
+    float acc[MT][NCL / 8][4];
+    warp_gemm<T, MT, NCL, JG, SG, SW, true>(acc, g, cur, ntiles);
+#pragma unroll
+    for (int j = 0; j < NCL / 8; ++j) {
+      if (j < ntiles) {
+        const int col = i0 + j * 8 + 2 * (lane & 3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = mt * 16 + (lane >> 2) + h * 8;
+            *reinterpret_cast<uint32_t*>(out + r * SG + col) = Traits<T>::pack(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+          }
+      }
+    }
+    __syncthreads();
+  }
+  zero_cols<T, MT, KP, pad16(KP), SG>(out);
+  __syncwarp();
+}
+
+}  // namespace fmlp

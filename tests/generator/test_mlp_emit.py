@@ -1,0 +1,79 @@
+"""FusedMLP emitter (cutlass_ops_gen.mlp_emit): tile config vs shared-memory limits, the emitted
+source, and one real nvcc compile (skipped without nvcc; the full matrix of specs, archs and
+dtypes is tests/mlp_compile_check.py, which CI does not run: about 5-20 s per compile)."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+from cutlass_ops_gen.mlp import trace_mlp  # noqa: E402
+from cutlass_ops_gen.mlp_emit import choose_config, emit, nvcc_command  # noqa: E402
+
+SM80, SM86, SM90 = 166912, 101376, 232448
+
+
+def seq(widths, act=nn.ReLU, bias=True):
+    mods = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        mods.append(nn.Linear(a, b, bias=bias))
+        if i < len(widths) - 2:
+            mods.append(act())
+    return nn.Sequential(*mods)
+
+
+@pytest.mark.parametrize("limit, bm", [(SM90, 128), (SM80, 64), (SM86, 64)])
+def test_config_fits_the_limit(limit, bm):
+    cfg = choose_config(trace_mlp(seq([3, 256, 256, 1]), None), limit)
+    assert cfg.bm == bm
+    assert max(cfg.smem_fwd, cfg.smem_bwd) <= limit
+    # the tiles hold the widest layer (padded to 16) plus 8 columns of skew, 16-byte rows
+    assert cfg.sa == 256 + 8 and cfg.sa % 8 == 0 and cfg.sw_bwd % 8 == 0
+
+
+def test_small_model_gets_the_big_tile_everywhere():
+    cfg = choose_config(trace_mlp(seq([2, 32, 32, 3]), None), SM86)
+    assert cfg.bm == 128 and cfg.sa == 32 + 8
+
+
+def test_config_too_big():
+    with pytest.raises(ValueError, match="shared memory"):
+        choose_config(trace_mlp(seq([256, 256]), None), 20000)
+
+
+def test_source_holds_the_model():
+    spec = trace_mlp(seq([57, 127, 1, 3], act=nn.SiLU, bias=False), None)
+    src, cfg = emit(spec, "bfloat16", SM90)
+    assert src == emit(spec, "bfloat16", SM90)[0]           # deterministic: the cache key hashes it
+    assert "typedef __nv_bfloat16 T;" in src
+    for i, l in enumerate(spec.layers):
+        assert f"return {l.activation.cuda};" in src and f"return {l.activation.cuda_grad};" in src
+        assert re.search(rf"fwd_layer<T, Act{i}, {l.in_features}, {l.out_features}, false,", src)
+    assert f"constexpr int L = 3, MT = {cfg.mt}, BM = {cfg.bm}" in src
+    assert 'extern "C" int fmlp_fwd(' in src and 'extern "C" int fmlp_bwd(' in src
+
+
+def test_bad_dtype():
+    with pytest.raises(ValueError, match="float16 and bfloat16"):
+        emit(trace_mlp(seq([4, 4]), None), "float32", SM90)
+
+
+NVCC = os.environ.get("CUDACXX") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+
+
+@pytest.mark.skipif(not os.path.isfile(NVCC) or os.environ.get("CUTLASS_OPS_SKIP_NVCC") == "1",
+                    reason="no nvcc (or CUTLASS_OPS_SKIP_NVCC=1)")
+def test_nvcc_compiles_one_model(tmp_path):
+    """One odd-width model, fp16, sm_80: compiles, three kernels, no spills (~5 s)."""
+    src, _ = emit(trace_mlp(seq([57, 127, 1, 3], act=nn.GELU), None), "float16", SM80)
+    (tmp_path / "m.cu").write_text(src)
+    cmd = nvcc_command(NVCC, str(tmp_path / "m.cu"), str(tmp_path / "m.so"), "80", verbose_ptxas=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert len(re.findall(r"Compiling entry function", log)) == 3, log
+    assert not re.search(r"[1-9]\d* bytes spill (stores|loads)", log), log

@@ -1,0 +1,416 @@
+"""FusedMLP (cutlass_ops/mlp.py): numerics vs float64, autograd, errors, op registration, cache.
+
+CPU tests run everywhere (the ops' CPU path: float32 math with the kernel's rounding points, or
+float64 for float64 inputs).  GPU tests need a CUDA device of sm_80+ and nvcc (the kernel is
+compiled at first use); they skip otherwise.  Errors are relative L2 norms against float64
+computed from the same (dtype-rounded) weights and input; the issue's targets: fp16 <= 2e-3,
+bf16 <= 1e-2.  A failure message gives the model, dtype, rows, our error and PyTorch's own
+error in the same dtype.
+"""
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cutlass_ops.mlp import FusedMLP, _kernel, cache_dir  # noqa: F401
+
+HAS_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer (and nvcc)")
+
+TARGET = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+class Act(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def chain(widths, act, last=None, bias=True, seed=0, init=None):
+    torch.manual_seed(seed)
+    mods = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        lin = nn.Linear(a, b, bias=bias)
+        if init is not None:
+            init(lin, i)
+        mods.append(lin)
+        f = act if i < len(widths) - 2 else last
+        if f is not None:
+            mods.append(f)
+    return nn.Sequential(*mods)
+
+
+def _siren_init(lin, i):
+    # SIREN's init: first layer U(-1/in, 1/in), then U(-sqrt(6/in)/30, sqrt(6/in)/30)
+    bound = 1.0 / lin.in_features if i == 0 else math.sqrt(6.0 / lin.in_features) / 30.0
+    nn.init.uniform_(lin.weight, -bound, bound)
+
+
+# the issue's four models, plus odd widths and other activations
+MODELS = {
+    "relu_32_64x5_16": lambda: chain([32, 64, 64, 64, 64, 64, 16], nn.ReLU()),
+    "siren_3_256x4_1": lambda: chain([3, 256, 256, 256, 256, 1], Act(lambda x: torch.sin(30 * x)), init=_siren_init),
+    "gelu_64_128x3_64": lambda: chain([64, 128, 128, 128, 64], nn.GELU()),
+    "tanh_2_32x2_3": lambda: chain([2, 32, 32, 3], nn.Tanh()),
+    "odd_57_127_1_84_3": lambda: chain([57, 127, 1, 84, 3], nn.SiLU(), last=nn.Sigmoid()),
+    "nobias_softplus_5_24_24_2": lambda: chain([5, 24, 24, 2], nn.Softplus(), bias=False),
+    "w1_1_1": lambda: chain([1, 1], None, last=nn.Tanh()),
+    "w256_depth8_leaky": lambda: chain([256] * 9, nn.LeakyReLU(0.1)),
+}
+CPU_MODELS = ["relu_32_64x5_16", "odd_57_127_1_84_3", "nobias_softplus_5_24_24_2", "w1_1_1", "tanh_2_32x2_3"]
+
+
+def rel(out, ref):
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def setup(name, dtype, device, rows, seed=1):
+    model = MODELS[name]()
+    in_f = next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_f, generator=g)
+    model = model.to(dtype)                      # round the weights to the dtype ...
+    x = x.to(dtype)
+    ref_model = MODELS[name]().double()          # ... and compute the reference from them in float64
+    ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    fused = FusedMLP.from_module(model).to(device)
+    return model.to(device), fused, ref_model, x
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", CPU_MODELS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_cpu_forward_vs_float64(name, dtype):
+    _, fused, ref_model, x = setup(name, dtype, "cpu", 300)
+    with torch.no_grad():
+        y = fused(x)
+        ref = ref_model(x.double())
+    assert y.dtype == dtype and y.shape == ref.shape
+    err = rel(y, ref)
+    assert err <= TARGET[dtype], f"{name} {dtype}: rel error {err:.3g} > {TARGET[dtype]}"
+
+
+def test_cpu_gradcheck_float64():
+    model = chain([3, 9, 17, 2], nn.GELU(approximate="tanh"), last=nn.Sigmoid()).double()
+    fused = FusedMLP.from_module(model)
+    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(fused, (x,))
+    params = list(fused.parameters())
+
+    def f(*ps):
+        L = fused.n_layers
+        return torch.ops.cutlass_ops.fused_mlp(x, list(ps[:L]), list(ps[L:]), fused.key, True)[0]
+
+    assert torch.autograd.gradcheck(f, tuple(fused.weights + fused.biases))
+    assert len(params) == 6
+
+
+@pytest.mark.parametrize("name", CPU_MODELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cpu_backward_vs_float64(name, dtype):
+    model, fused, ref_model, x = setup(name, dtype, "cpu", 300)
+    _check_grads(name, fused, ref_model, x, dtype, model)
+
+
+def _check_grads(name, fused, ref_model, x, dtype, model=None):
+    """Gradients vs float64.  A 16-bit network's gradients differ from float64's by more than its
+    output does (ReLU masks and saturations flip where z rounds across a kink), so the bound is
+    max(2x the forward target, 2x PyTorch's own error in the same dtype), per gradient."""
+    gy = torch.randn((x.shape[0], fused.spec.out_features), generator=torch.Generator().manual_seed(5)).to(dtype)
+    xr = x.detach().double().cpu().requires_grad_(True)
+    ref_model(xr).backward(gy.double())
+    lins = [m for m in ref_model.modules() if isinstance(m, nn.Linear)]
+    names = ["dx"] + [n for i, lin in enumerate(lins) for n in ([f"dW{i}"] + ([f"db{i}"] if lin.bias is not None else []))]
+    ref = [xr.grad] + [t.grad for lin in lins for t in ([lin.weight] + ([lin.bias] if lin.bias is not None else []))]
+
+    def run(module, params):
+        xg = x.clone().requires_grad_(True)
+        module(xg).backward(gy.to(x.device))
+        return [xg.grad] + [p.grad for p in params]
+
+    ours = run(fused, [t for i in range(fused.n_layers) for t in [fused.weights[i]] +
+                       ([fused.biases[i]] if fused.biases[i] is not None else [])])
+    if model is None:
+        model = MODELS[name]().to(dtype).to(x.device)
+        model.load_state_dict({k: v.to(dtype) for k, v in ref_model.state_dict().items()})
+    mlins = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    peer = run(model, [t for lin in mlins for t in [lin.weight] + ([lin.bias] if lin.bias is not None else [])])
+    report, bad = {}, {}
+    for n, a, p, r in zip(names, ours, peer, ref):
+        if r.norm() == 0:
+            continue
+        e, pe = rel(a, r), rel(p, r)
+        report[n] = f"{e:.2e} (torch {pe:.2e})"
+        if not e <= max(2 * TARGET[dtype], 2 * pe):
+            bad[n] = report[n]
+    assert not bad, f"{name} {dtype} rows={x.shape[0]}: gradient rel errors vs float64 too large: {bad} (all: {report})"
+    return report
+
+
+def test_leading_dims_and_empty():
+    _, fused, ref_model, _ = setup("odd_57_127_1_84_3", torch.float32, "cpu", 1)
+    x = torch.randn(2, 3, 57)
+    with torch.no_grad():
+        y = fused(x)
+        assert y.shape == (2, 3, 3)
+        torch.testing.assert_close(y.double(), ref_model(x.double()), rtol=1e-5, atol=1e-6)
+        assert fused(torch.randn(0, 57)).shape == (0, 3)
+
+
+def test_errors():
+    _, fused, _, _ = setup("tanh_2_32x2_3", torch.float32, "cpu", 1)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 2\)"):
+        fused(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="weights\\[0\\] is torch.float32 but x is torch.float64"):
+        fused(torch.randn(4, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="floating point"):
+        fused(torch.ones(4, 2, dtype=torch.long))
+    w, b = fused.weights, fused.biases
+    with pytest.raises(ValueError, match="weights\\[1\\] has shape"):
+        torch.ops.cutlass_ops.fused_mlp(torch.randn(4, 2), [w[0], w[0], w[2]], b, fused.key, False)
+    with pytest.raises(ValueError, match="biases\\[2\\] is None but layer"):
+        torch.ops.cutlass_ops.fused_mlp(torch.randn(4, 2), w, [b[0], b[1], None], fused.key, False)
+    with pytest.raises(ValueError, match="unknown kernel key"):
+        torch.ops.cutlass_ops.fused_mlp(torch.randn(4, 2), w, b, "mlp_nope", False)
+    with pytest.raises(ValueError, match="x must be a 2-D tensor"):
+        torch.ops.cutlass_ops.fused_mlp(torch.randn(2, 4, 2), w, b, fused.key, False)
+    with pytest.raises(ValueError, match="cannot use save=False|save=False"):
+        x = torch.randn(3, 2)
+        y, _ = torch.ops.cutlass_ops.fused_mlp(x, w, b, fused.key, False)
+        try:
+            y.sum().backward()
+        except RuntimeError as e:
+            raise ValueError(str(e))
+
+
+def test_opcheck_cpu():
+    _, fused, _, x = setup("odd_57_127_1_84_3", torch.float32, "cpu", 20)
+    w, b = [p.detach() for p in fused.weights], [p.detach() for p in fused.biases]
+    for save in (False, True):
+        torch.library.opcheck(torch.ops.cutlass_ops.fused_mlp.default, (x, w, b, fused.key, save))
+    y, saved = torch.ops.cutlass_ops.fused_mlp(x, w, b, fused.key, True)
+    for need_dx in (False, True):
+        torch.library.opcheck(torch.ops.cutlass_ops.fused_mlp_backward.default,
+                              (torch.randn_like(y), x, w, saved, fused.key, need_dx))
+
+
+def test_torch_compile_fullgraph_cpu():
+    _, fused, ref_model, x = setup("relu_32_64x5_16", torch.float32, "cpu", 33)
+    compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
+    xg = x.clone().requires_grad_(True)
+    y = compiled(xg)
+    y.sum().backward()
+    xe = x.clone().requires_grad_(True)
+    fused.zero_grad()
+    ye = fused(xe)
+    ye.sum().backward()
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(xg.grad, xe.grad)
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUTLASS_OPS_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path / "mlp"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+
+def _torch_same_dtype_error(model, x, ref):
+    with torch.no_grad():
+        return rel(model(x), ref)
+
+
+@gpu
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 257, 100003])
+def test_gpu_forward_vs_float64(name, dtype, rows):
+    model, fused, ref_model, x = setup(name, dtype, "cuda", rows)
+    xc = x.cuda()
+    with torch.no_grad():
+        torch.cuda.manual_seed(0)
+        y = fused(xc)
+        torch.cuda.synchronize()
+        ref = ref_model(x.double())
+    err = rel(y, ref)
+    peer = _torch_same_dtype_error(model, xc, ref)
+    assert err <= TARGET[dtype], (f"{name} {dtype} rows={rows}: rel error {err:.3g} > target {TARGET[dtype]} "
+                                  f"(PyTorch's own {dtype} run: {peer:.3g})")
+
+
+@gpu
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 257, 20011])
+def test_gpu_backward_vs_float64(name, dtype, rows):
+    model, fused, ref_model, x = setup(name, dtype, "cuda", rows)
+    _check_grads(name, fused, ref_model, x.cuda(), dtype, model)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_matches_cpu_path(dtype):
+    """The kernel against the op's CPU path (same rounding points): near bit-level agreement."""
+    _, fused, _, x = setup("odd_57_127_1_84_3", dtype, "cuda", 4099)
+    with torch.no_grad():
+        y = fused(x.cuda())
+        y_cpu = fused.to("cpu")(x)
+    err = rel(y, y_cpu)
+    assert err <= TARGET[dtype] / 4, f"{dtype}: GPU vs CPU path rel {err:.3g}"
+
+
+@gpu
+def test_gpu_misaligned_and_strided_input():
+    _, fused, ref_model, x = setup("relu_32_64x5_16", torch.float16, "cuda", 1000)
+    buf = torch.empty(1000 * 32 + 1, dtype=torch.float16, device="cuda")
+    xm = buf[1:].view(1000, 32)
+    xm.copy_(x.cuda())
+    xs = torch.empty(1000, 64, dtype=torch.float16, device="cuda")[:, ::2]
+    xs.copy_(x.cuda())
+    with torch.no_grad():
+        ref = ref_model(x.double())
+        for xx in (xm, xs):
+            assert rel(fused(xx), ref) <= TARGET[torch.float16]
+
+
+@gpu
+def test_gpu_errors():
+    _, fused, _, _ = setup("tanh_2_32x2_3", torch.float16, "cuda", 1)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        fused.float()(torch.randn(3, 2, device="cuda"))
+    fused.half()
+    with pytest.raises(ValueError, match="is on cpu but x is on cuda|is on cuda:0 but x is on cpu"):
+        torch.ops.cutlass_ops.fused_mlp(torch.randn(3, 2, dtype=torch.float16), fused.weights, fused.biases,
+                                        fused.key, False)
+
+
+@gpu
+def test_gpu_deterministic_and_empty():
+    _, fused, _, x = setup("gelu_64_128x3_64", torch.bfloat16, "cuda", 5000)
+    xc = x.cuda().requires_grad_(True)
+    y1 = fused(xc)
+    y1.sum().backward()
+    g1 = [xc.grad.clone()] + [p.grad.clone() for p in fused.parameters()]
+    xc.grad = None
+    fused.zero_grad()
+    y2 = fused(xc)
+    y2.sum().backward()
+    g2 = [xc.grad.clone()] + [p.grad.clone() for p in fused.parameters()]
+    assert torch.equal(y1, y2)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    with torch.no_grad():
+        assert fused(torch.empty(0, 64, device="cuda", dtype=torch.bfloat16)).shape == (0, 64)
+
+
+@gpu
+def test_gpu_cuda_graph():
+    model, fused, ref_model, x = setup("odd_57_127_1_84_3", torch.float16, "cuda", 3001)
+    static_x = x.cuda().clone()
+    with torch.no_grad():
+        fused(static_x)  # compile + warm up outside the capture
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fused(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = fused(static_x)
+        x2 = torch.randn(x.shape, generator=torch.Generator().manual_seed(9)).half()
+        static_x.copy_(x2.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        err = rel(static_y, ref_model(x2.double()))
+    assert err <= TARGET[torch.float16], f"graph replay rel error {err:.3g}"
+
+    # a training step (forward + backward) captured too
+    opt_x = x.cuda().clone().requires_grad_(True)
+    gy = torch.randn(3001, 3, device="cuda", dtype=torch.float16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fused.zero_grad(set_to_none=True)
+            opt_x.grad = None
+            fused(opt_x).backward(gy)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    fused.zero_grad(set_to_none=True)
+    opt_x.grad = None
+    with torch.cuda.graph(graph):
+        fused(opt_x).backward(gy)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = [p.grad.clone() for p in fused.parameters()] + [opt_x.grad.clone()]
+    fused.zero_grad(set_to_none=False)
+    opt_x.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    got = [p.grad for p in fused.parameters()] + [opt_x.grad]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    opt_x.grad = None
+    for p in fused.parameters():
+        p.grad = None
+    fused(opt_x).backward(gy)
+    eager = [p.grad for p in fused.parameters()] + [opt_x.grad]
+    assert all(torch.equal(a, b) for a, b in zip(want, eager)), "graph replay differs from eager"
+
+
+@gpu
+def test_gpu_torch_compile():
+    _, fused, ref_model, x = setup("relu_32_64x5_16", torch.float16, "cuda", 4096)
+    compiled = torch.compile(fused, fullgraph=True)
+    xc = x.cuda().requires_grad_(True)
+    y = compiled(xc)
+    y.float().sum().backward()
+    assert rel(y, ref_model(x.double())) <= TARGET[torch.float16]
+    assert xc.grad is not None and torch.isfinite(xc.grad).all()
+
+
+@gpu
+def test_gpu_second_process_hits_cache(tmp_path):
+    """First use compiles (timed), a second process with the same cache loads (timed)."""
+    script = textwrap.dedent("""
+        import json, sys, time, torch, torch.nn as nn
+        from cutlass_ops.mlp import FusedMLP
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(7, 40), nn.Tanh(), nn.Linear(40, 5)).half().cuda()
+        f = FusedMLP.from_module(m)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            y = f(torch.randn(100, 7, device="cuda", dtype=torch.half))
+        torch.cuda.synchronize()
+        info = f.kernel_info()[0]
+        info["first_call_seconds"] = time.perf_counter() - t0
+        print(json.dumps(info))
+    """)
+    env = dict(os.environ, CUTLASS_OPS_CACHE=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(__import__("json").loads(r.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    print(f"\nfirst process: compile {first['compile_seconds']:.2f} s, first call {first['first_call_seconds']:.2f} s; "
+          f"second process: cache hit {second['cache_hit']}, load {second['load_seconds'] * 1e3:.1f} ms, "
+          f"first call {second['first_call_seconds']:.2f} s")
+    assert first["cache_hit"] is False and first["compile_seconds"] > 0
+    assert second["cache_hit"] is True and second["compile_seconds"] is None
+    assert second["path"] == first["path"] and second["path"].startswith(str(tmp_path))
