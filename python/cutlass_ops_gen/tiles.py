@@ -9,7 +9,7 @@ profile the dispatcher picks among them by occupancy, see conv2d_fused_dispatch.
   family 90 (sm_90a)        : SM90_TILES below (CUTLASS 3.x TMA + wgmma; one table to edit):
                               stock and persistent (cooperative / ping-pong) kernels
 The ``sweep`` kernel set adds sweep_tiles() (fp16, alignment 8) for the profiler; the ``ci``
-set takes one tile per key (ci_tiles()).
+set takes one tile per key, two for family 90 (ci_tiles()).
 Backward (family 80, alignment 8):
   conv2d_dgrad : the fprop defaults, each as a unity-stride and a strided kernel
   conv2d_wgrad : 128x128x32 3-stage and 64x128x32 4-stage (GEMM M = K = 64..512 output
