@@ -171,23 +171,28 @@ class AllreduceTimer:
     def mark(self):
         return self._now()
 
-    def summary(self, start, compute_end) -> dict:
-        """ms since `start` per bucket, and what the all-reduces added after the backward's
-        compute ended (`compute_end`: the last gradient's node returned)."""
+    def summary(self, start, backward_end) -> dict:
+        """ms since `start` per bucket.  The backward's compute ends when the last bucket is
+        ready (its last gradient was stored); what the all-reduces add after that is exposed,
+        the rest of their time overlapped the backward.  `backward_end`: backward() returned
+        (DDP waits there for the all-reduces)."""
         def ms(a, b):
             return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
         if self.cuda:
             torch.cuda.synchronize()
         buckets = [{"ready_ms": ms(start, r), "done_ms": ms(start, d), "bytes": n} for r, d, n in self.records
                    if d is not None]
-        end = ms(start, compute_end)
-        comm = sum(b["done_ms"] - b["ready_ms"] for b in buckets)
-        last = max((b["done_ms"] for b in buckets), default=end)
-        return {"buckets": buckets, "backward_compute_end_ms": end,
-                "allreduce_exposed_ms": max(0.0, last - end),
-                "allreduce_busy_ms_sum": comm,
-                "buckets_done_before_compute_end": sum(b["done_ms"] <= end for b in buckets),
-                "buckets_started_before_compute_end": sum(b["ready_ms"] < end for b in buckets)}
+        if not buckets:
+            return {"buckets": []}
+        compute_end = max(b["ready_ms"] for b in buckets)
+        last = max(b["done_ms"] for b in buckets)
+        return {"buckets": buckets, "backward_compute_end_ms": compute_end,
+                "backward_returned_ms": ms(start, backward_end),
+                "allreduce_exposed_ms": max(0.0, last - compute_end),
+                "allreduce_busy_ms_sum": sum(b["done_ms"] - b["ready_ms"] for b in buckets),
+                "allreduce_overlapped_ms_sum": sum(max(0.0, min(b["done_ms"], compute_end) - b["ready_ms"])
+                                                   for b in buckets),
+                "buckets_done_before_compute_end": sum(b["done_ms"] <= compute_end for b in buckets)}
 
 
 # ---- setup ---------------------------------------------------------------------------------------
@@ -233,6 +238,8 @@ def param_dtype(args):
 
 
 def wrap(agent, args, device):
+    if args.ignore_param:  # a negative control for the tests: DDP leaves these gradients local
+        DDP._set_params_and_buffers_to_ignore_for_model(agent, args.ignore_param)
     kwargs = dict(static_graph=args.static_graph, bucket_cap_mb=args.bucket_cap_mb,
                   gradient_as_bucket_view=args.grad_as_bucket_view)
     if device.type == "cuda":
@@ -348,7 +355,9 @@ def train(args, rank, world, device) -> dict:
     timer = None
     if not args.no_ddp and not args.graph:
         timer = AllreduceTimer(cuda)
-        ddp.register_comm_hook(None, timer)
+        def timed_allreduce(state, bucket):
+            return timer(state, bucket)
+        ddp.register_comm_hook(None, timed_allreduce)
     if args.compile:
         model = torch.compile(ddp, backend=args.compile_backend)
     opt = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
@@ -412,7 +421,7 @@ def train(args, rank, world, device) -> dict:
             times.append(ev[0].elapsed_time(ev[1]))
         else:
             times.append((time.perf_counter() - start) * 1e3)
-        if timer is not None:
+        if timer is not None and timer.records:
             comm.append(timer.summary(t0, bwd_end))
         losses.append(loss)
     losses = torch.stack(losses).float()
@@ -426,8 +435,9 @@ def train(args, rank, world, device) -> dict:
         later = comm[args.warmup:] or comm
         result["allreduce_exposed_ms_median"] = statistics.median(c["allreduce_exposed_ms"] for c in later)
         result["allreduce_busy_ms_median"] = statistics.median(c["allreduce_busy_ms_sum"] for c in later)
+        result["allreduce_overlapped_ms_median"] = statistics.median(c["allreduce_overlapped_ms_sum"] for c in later)
         result["buckets_per_step"] = len(later[-1]["buckets"])
-        result["buckets_started_before_backward_end"] = later[-1]["buckets_started_before_compute_end"]
+        result["bucket_bytes"] = [b["bytes"] for b in later[-1]["buckets"]]
         result["comm_last_step"] = later[-1]
     if args.measure_allreduce and not args.no_ddp and not args.graph:
         result["allreduce_added"] = measure_sync_cost(args, ddp, model, agent, fwd_bwd, load, cuda, timer)
@@ -516,6 +526,8 @@ def parse_args(argv=None):
                         "+ 1e-3, tensors only)")
     p.add_argument("--measure-allreduce", type=int, default=0, metavar="REPS",
                    help="also time REPS fwd+bwd with gradient sync and REPS without (ddp.no_sync()), alternating")
+    p.add_argument("--ignore-param", action="append", default=[], metavar="NAME",
+                   help="negative control: DDP does not synchronize this parameter (--check-grads must then fail)")
     p.add_argument("--in-channels", type=int, default=3)
     p.add_argument("--base-planes", type=int, default=64, help="encoder width (64: bps-nav's; smaller for tests)")
     p.add_argument("--image", type=int, default=64, help="observation height = width (a multiple of 32)")
@@ -622,10 +634,10 @@ def summarize(args, result) -> None:
     print(f"loss: step 0 {losses[0]:.5f}, step {len(losses) - 1} {losses[-1]:.5f}")
     print(f"step: median {result['median_step_ms']:.3f} ms ({result['samples_per_s']:.0f} samples/s global)")
     if "allreduce_exposed_ms_median" in result:
-        print(f"all-reduce: {result['buckets_per_step']} buckets per step, "
-              f"{result['buckets_started_before_backward_end']} started before the backward's compute ended; "
-              f"exposed after it {result['allreduce_exposed_ms_median']:.3f} ms (median), busy "
-              f"{result['allreduce_busy_ms_median']:.3f} ms summed over buckets")
+        print(f"all-reduce: {result['buckets_per_step']} bucket(s) per step "
+              f"({', '.join(f'{b / 2**20:.1f}' for b in result['bucket_bytes'])} MiB); medians: "
+              f"{result['allreduce_busy_ms_median']:.3f} ms of all-reduce, {result['allreduce_overlapped_ms_median']:.3f} "
+              f"ms of it beside the backward's compute, {result['allreduce_exposed_ms_median']:.3f} ms after it")
     if "allreduce_added" in result:
         a = result["allreduce_added"]
         print(f"fwd+bwd with sync {a['fwd_bwd_ms_sync']:.3f} ms, without {a['fwd_bwd_ms_no_sync']:.3f} ms: "
