@@ -24,7 +24,9 @@ torch.autocast through FusedResNet).  What the backward does, per op:
   - While a CUDA graph is captured, each conv's wgrad (and, without a ReLU, its bias sums)
     runs on a side stream beside its dgrad, joined before the node returns, or (inside
     weights_used_once, when autograd stores the gradients as they are) at the end of the
-    backward pass, so that it also overlaps the nodes after its own.
+    backward pass, so that it also overlaps the nodes after its own.  Not under
+    DistributedDataParallel, whose reducer reads each gradient as autograd stores it
+    (ddp_forward_active).
   - space_to_depth_conv (the stem), when its input needs no gradient:
     space_to_depth_conv_weight_grad, one pass for the ReLU mask, the FixUp sums and dw
     (the patch matrix rebuilt from the saved input, as the forward built it).
@@ -121,9 +123,24 @@ def weights_used_once():
         _SINGLE_USE.on = before
 
 
+def ddp_forward_active() -> bool:
+    """Whether a torch DistributedDataParallel forward is running.  Its reducer reads each
+    parameter's gradient as soon as autograd stores it (a post hook on the parameter's
+    AccumulateGrad node copies it into an all-reduce bucket, and a full bucket's all-reduce
+    starts then, ordered after the current stream only), a reader that stored_as_is cannot
+    see: no tensor hook, no .grad yet.  (DDP's Python reducer, used under compiled autograd,
+    registers post-accumulate-grad hooks, which stored_as_is does see.)"""
+    ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+    active = getattr(ddp, "_get_active_ddp_module", None)
+    return active is not None and active() is not None
+
+
 def single_use_declared() -> bool:
-    """Whether the op being set up runs inside weights_used_once()."""
-    return getattr(_SINGLE_USE, "on", False)
+    """Whether the op being set up runs inside weights_used_once(), and not inside a
+    DistributedDataParallel forward (ddp_forward_active): there a deferred wgrad would be
+    read, copied into a bucket and all-reduced before the side stream finished it, so each
+    wgrad joins before its node returns and DDP's buckets overlap the rest of the backward."""
+    return getattr(_SINGLE_USE, "on", False) and not ddp_forward_active()
 
 
 def stored_as_is(param, used_once: bool) -> bool:

@@ -51,7 +51,8 @@ def _dense_row_index(k: int, r: int, s: int, height: int, width: int, padding: i
         tap_r, tap_s = yy - pp + padding, xx - qq + padding
         inside = (tap_r >= 0) & (tap_r < r) & (tap_s >= 0) & (tap_s < s)
         index = torch.where(inside, kk * (r * s) + tap_r * s + tap_s, k * r * s).reshape(-1)
-        _ROW_INDEX[key] = index
+        if not torch.compiler.is_compiling():  # a traced tensor must not leak into the cache
+            _ROW_INDEX[key] = index
     return index
 
 
@@ -96,13 +97,17 @@ class _SmallMapConv(torch.autograd.Function):
     def forward(ctx, h, weight, scale, padding, dense):
         if dense is None:
             dense = dense_conv_weight(weight, h.shape[2], h.shape[3], padding)
-        ctx.save_for_backward(h, weight, scale, dense)
+        # Under torch.compile (torch 2.14) saving a tensor built here fails to trace (dynamo: "an
+        # intermediate tensor 'dense' ... aliases an input or output"): the backward rebuilds it.
+        ctx.save_for_backward(h, weight, scale, None if torch.compiler.is_compiling() else dense)
         ctx.padding, ctx.used_once = padding, single_use_declared()
         return _dense_forward(h, dense, scale, weight.shape[0], padding, weight.shape[2:])
 
     @staticmethod
     def backward(ctx, grad):
         h, weight, scale, dense = ctx.saved_tensors
+        if dense is None:
+            dense = dense_conv_weight(weight, h.shape[2], h.shape[3], ctx.padding)
         needs_h, needs_w, needs_scale = ctx.needs_input_grad[:3]
         g = grad.to(h.dtype)
         grad_h = grad_w = grad_scale = None

@@ -1,0 +1,648 @@
+#!/usr/bin/env python
+"""DD-PPO-shaped training of FusedResNet under torch DistributedDataParallel (issue 23).
+
+One process per GPU (bps-nav's DD-PPO): synthetic observations, the SE-ResNet9-FixUp encoder
+(FusedResNet, or the PyTorch reference module in channels_last for comparison), a small
+policy/value head and a PPO clipped-surrogate loss; DDP all-reduces the gradients.
+
+    torchrun --nproc-per-node 2 examples/ddp_ppo.py --batch 2048 --steps 20 --out r2.json
+    torchrun --nproc-per-node 1 examples/ddp_ppo.py --batch 4096 --steps 20 --out r1.json
+    torchrun --nproc-per-node 2 examples/ddp_ppo.py --check-grads --batch 256
+    torchrun --nproc-per-node 2 examples/ddp_ppo.py --device cpu --dtype float64 --batch 2 --check-grads
+
+Device "auto": CUDA with NCCL when a GPU is visible, else the CPU with gloo.  More ranks than
+GPUs on a node share the GPUs with gloo (NCCL refuses two ranks on one GPU): the "two
+processes on one GPU" test.  Data: each step's global batch is cut into chunks of
+--data-chunk samples, chunk i drawn from its own seeded generator, and rank r takes the
+chunks of samples [r*N, (r+1)*N): so 2 ranks at N and 1 rank at 2N see the same samples.
+
+--check-grads: one DDP step's gradients (after all-reduce) against a single process on the
+concatenated batch, computed in the same run on rank 0, per parameter (and, to show the
+all-reduce did something, the local gradients of the ranks, which differ).
+The all-reduce's cost: every bucket's all-reduce is timed through a DDP comm hook (CUDA
+events / host clocks: when the bucket was ready, when its all-reduce finished, against the
+end of the backward's compute), and --measure-allreduce times fwd+bwd with and without
+gradient sync (ddp.no_sync()).  Nothing here is CUTLASS-specific except the encoder.
+Needs cutlass_ops installed (`pip install --no-build-isolation .`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ACTIONS = 4
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+
+
+# ---- model ---------------------------------------------------------------------------------------
+
+class Agent(nn.Module):
+    """Encoder (N, C, H, W) -> (N, 512, H/32, W/32), then a policy/value head."""
+
+    def __init__(self, encoder: nn.Module, features: int, hidden: int = 512):
+        super().__init__()
+        self.encoder = encoder
+        self.fc = nn.Linear(features, hidden)
+        self.policy = nn.Linear(hidden, ACTIONS)
+        self.value = nn.Linear(hidden, 1)
+
+    def forward(self, obs):
+        h = F.relu(self.fc(self.encoder(obs).flatten(1)))
+        return self.policy(h), self.value(h).squeeze(1)
+
+
+def make_agent(model: str, in_channels: int, base_planes: int, image: int, device, dtype) -> Agent:
+    """dtype: the parameters' dtype (float32 master weights under autocast)."""
+    from cutlass_ops import FusedResNet
+    from cutlass_ops.models import SEResNet9FixUp
+    if model == "fused":
+        encoder = FusedResNet(in_channels, base_planes)
+    else:
+        encoder = SEResNet9FixUp(in_channels, base_planes)
+    features = base_planes * 8 * (image // 32) ** 2
+    agent = Agent(encoder, features).to(device=device, dtype=dtype)
+    if model == "reference":
+        agent = agent.to(memory_format=torch.channels_last)  # the eager reference as its users run it
+    return agent
+
+
+def randomize(agent: nn.Module, seed: int) -> None:
+    """Random non-zero values for every parameter (the FixUp init's zero biases, unit scales and
+    zero conv2 weights would hide bugs in their gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in agent.named_parameters():
+            if p.dim() >= 2:
+                fan_in = p[0].numel()
+                v = torch.randn(p.shape, generator=g, dtype=torch.float64) * (1.0 / fan_in) ** 0.5
+            elif "fixup_scale" in name:
+                v = 0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64)
+            else:
+                v = 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64)
+            p.copy_(v)
+
+
+# ---- data and loss -------------------------------------------------------------------------------
+
+def batch_for(step: int, first: int, n: int, chunk: int, in_channels: int, image: int, seed: int, device):
+    """Samples [first, first + n) of step `step`'s global batch: observations (float32) and the
+    PPO rollout fields.  The target action brightens one quadrant of channel 0."""
+    parts = []
+    for c0 in range(first // chunk, (first + n) // chunk):
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + step * 10_007 + c0)
+        obs = torch.rand(chunk, in_channels, image, image, generator=gen, device=device)
+        target = torch.randint(0, ACTIONS, (chunk,), generator=gen, device=device)
+        action = torch.randint(0, ACTIONS, (chunk,), generator=gen, device=device)
+        noise = torch.randn(chunk, 2, generator=gen, device=device)
+        half = image // 2
+        rows = (target // 2)[:, None] * half + torch.arange(half, device=device)[None]
+        cols = (target % 2)[:, None] * half + torch.arange(half, device=device)[None]
+        quad = torch.zeros(chunk, image, image, device=device)
+        quad[torch.arange(chunk, device=device)[:, None, None], rows[:, :, None], cols[:, None, :]] = 0.5
+        obs[:, 0] += quad
+        advantage = (action == target).float() * 2 - 1 + 0.1 * noise[:, 0]
+        returns = (target.float() / ACTIONS) + 0.1 * noise[:, 1]
+        old_logp = torch.full((chunk,), math.log(1.0 / ACTIONS), device=device)
+        parts.append((obs, action, advantage, returns, old_logp))
+    return [torch.cat(t) for t in zip(*parts)]
+
+
+def ppo_loss(agent, obs, action, advantage, returns, old_logp, clip=0.2, value_coef=0.5, entropy_coef=0.01):
+    """PPO's clipped surrogate + value loss - entropy bonus, mean over the batch (float32 math, float64
+    for a float64 model)."""
+    logits, value = agent(obs)
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logits, value = logits.to(acc), value.to(acc)
+    logp_all = F.log_softmax(logits, dim=1)
+    logp = logp_all.gather(1, action[:, None]).squeeze(1)
+    ratio = torch.exp(logp - old_logp)
+    surrogate = torch.min(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
+    value_loss = 0.5 * (value - returns).square()
+    entropy = -(logp_all.exp() * logp_all).sum(1)
+    return (-surrogate + value_coef * value_loss - entropy_coef * entropy).mean()
+
+
+# ---- all-reduce timing ---------------------------------------------------------------------------
+
+class AllreduceTimer:
+    """A DDP comm hook (the default all-reduce: divide by the world size, sum) that records
+    per bucket when it was ready (in the backward's stream order) and when its all-reduce
+    finished: CUDA events on GPUs, host clocks on the CPU (gloo completes on its threads)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.records: list = []   # (ready, done, bucket bytes) of the current step
+        self.active = True
+
+    def __call__(self, state, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        if not self.active:
+            return allreduce_hook(state, bucket)
+        rec = [self._now(), None, bucket.buffer().numel() * bucket.buffer().element_size()]
+        self.records.append(rec)
+        fut = allreduce_hook(state, bucket)
+
+        def done(f):
+            rec[1] = self._now()
+            return f.value()
+        return fut.then(done)
+
+    def _now(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def mark(self):
+        return self._now()
+
+    def summary(self, start, backward_end) -> dict:
+        """ms since `start` per bucket.  The backward's compute ends when the last bucket is
+        ready (its last gradient was stored); what the all-reduces add after that is exposed,
+        the rest of their time overlapped the backward.  `backward_end`: backward() returned
+        (DDP waits there for the all-reduces)."""
+        def ms(a, b):
+            return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+        if self.cuda:
+            torch.cuda.synchronize()
+        buckets = [{"ready_ms": ms(start, r), "done_ms": ms(start, d), "bytes": n} for r, d, n in self.records
+                   if d is not None]
+        if not buckets:
+            return {"buckets": []}
+        compute_end = max(b["ready_ms"] for b in buckets)
+        last = max(b["done_ms"] for b in buckets)
+        return {"buckets": buckets, "backward_compute_end_ms": compute_end,
+                "backward_returned_ms": ms(start, backward_end),
+                "allreduce_exposed_ms": max(0.0, last - compute_end),
+                "allreduce_busy_ms_sum": sum(b["done_ms"] - b["ready_ms"] for b in buckets),
+                "allreduce_overlapped_ms_sum": sum(max(0.0, min(b["done_ms"], compute_end) - b["ready_ms"])
+                                                   for b in buckets),
+                "buckets_done_before_compute_end": sum(b["done_ms"] <= compute_end for b in buckets)}
+
+
+# ---- setup ---------------------------------------------------------------------------------------
+
+def setup(args):
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device_kind = args.device
+    if device_kind == "auto":
+        device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_kind == "cuda":
+        count = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % count)
+        torch.cuda.set_device(device)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        shared = local_world > count
+    else:
+        device, shared = torch.device("cpu"), False
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" and not shared else "gloo"
+    if args.graph:
+        # DDP under whole-step capture (torch.cuda docs, "Usage with DistributedDataParallel").
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    if "MASTER_ADDR" not in os.environ:  # a plain `python examples/ddp_ppo.py`: one process
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port or 29517))
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            device_id=device if backend == "nccl" else None)
+    return rank, world, device, backend, shared
+
+
+def autocast_for(args, device):
+    dtype = DTYPES[args.dtype]
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.autocast(device.type, dtype=dtype), torch.float32
+    return nullcontext(), dtype
+
+
+def param_dtype(args):
+    dtype = DTYPES[args.dtype]
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def wrap(agent, args, device):
+    if args.ignore_param:  # a negative control for the tests: DDP leaves these gradients local
+        DDP._set_params_and_buffers_to_ignore_for_model(agent, args.ignore_param)
+    kwargs = dict(static_graph=args.static_graph, bucket_cap_mb=args.bucket_cap_mb,
+                  gradient_as_bucket_view=args.grad_as_bucket_view)
+    if device.type == "cuda":
+        kwargs["device_ids"] = [device]
+    return DDP(agent, **kwargs)
+
+
+def flat_grads(agent) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.full_like(p, float("nan"))).detach()
+                      .double().reshape(-1) for p in agent.parameters()])
+
+
+# ---- --check-grads ---------------------------------------------------------------------------
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def check_grads(args, rank, world, device) -> dict:
+    """DDP gradients vs one process on the concatenated batch (rank 0), per parameter, for
+    --check-steps steps (DDP rebuilds its buckets after the first, in the order the
+    gradients arrived), and the ranks' local (unsynchronized) gradients."""
+    autocast, pdtype = autocast_for(args, device)
+    n, chunk = args.batch, args.data_chunk
+    agent = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
+    randomize(agent, args.seed)
+    state = {k: v.clone() for k, v in agent.state_dict().items()}
+    ddp = wrap(agent, args, device)
+    names = [name for name, _ in agent.named_parameters()]
+    model = torch.compile(ddp, backend=args.compile_backend) if args.compile else ddp
+    single = ref64 = None
+    if rank == 0:
+        single = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
+        single.load_state_dict(state)
+        if DTYPES[args.dtype] in (torch.float16, torch.bfloat16):  # the noise floor: float64
+            ref64 = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, torch.float64)
+            ref64.load_state_dict(state)
+    steps = []
+    for step in range(args.check_steps):
+        data = batch_for(step, rank * n, n, chunk, args.in_channels, args.image, args.seed, device)
+        agent.zero_grad(set_to_none=True)
+        with autocast:
+            loss = ppo_loss(model, data[0].to(pdtype), *data[1:])
+        loss.backward()
+        synced = flat_grads(agent)
+        if step == 0:
+            first_synced = synced
+        gathered = [torch.empty_like(synced) for _ in range(world)]
+        dist.all_gather(gathered, synced)
+        record = {"step": step, "loss": loss.item(),
+                  "grads_missing": sum(p.grad is None for p in agent.parameters())}
+        if rank == 0:
+            record["cross_rank_max_abs_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
+            full = batch_for(step, 0, n * world, chunk, args.in_channels, args.image, args.seed, device)
+            single.zero_grad(set_to_none=True)
+            with autocast:
+                ppo_loss(single, full[0].to(pdtype), *full[1:]).backward()
+            ref = {name: p.grad.detach().double() for name, p in single.named_parameters()}
+            exact = ref
+            if ref64 is not None:
+                ref64.zero_grad(set_to_none=True)
+                ppo_loss(ref64, full[0].double(), *full[1:]).backward()
+                exact = {name: p.grad.detach().double() for name, p in ref64.named_parameters()}
+            per_param, offset = {}, 0
+            for name, p in agent.named_parameters():
+                ddp_g = synced[offset:offset + p.numel()].reshape(p.shape)
+                offset += p.numel()
+                row = {"numel": p.numel(), "dtype": str(p.dtype)[6:], "max_abs_err": (ddp_g - ref[name]).abs().max().item(),
+                       "rel_err": rel_err(ddp_g, ref[name]), "ref_norm": ref[name].norm().item()}
+                if ref64 is not None:
+                    row["ddp_rel_err_vs_float64"] = rel_err(ddp_g, exact[name])
+                    row["single_rel_err_vs_float64"] = rel_err(ref[name], exact[name])
+                per_param[name] = row
+            record["params"] = per_param
+            record["max_rel_err"] = max(r["rel_err"] for r in per_param.values())
+            record["max_abs_err"] = max(r["max_abs_err"] for r in per_param.values())
+        steps.append(record)
+    # The local gradients (no all-reduce), to show that the synchronized ones differ from them.
+    data = batch_for(0, rank * n, n, chunk, args.in_channels, args.image, args.seed, device)
+    agent.zero_grad(set_to_none=True)
+    with ddp.no_sync(), autocast:
+        loss = ppo_loss(ddp, data[0].to(pdtype), *data[1:])
+    loss.backward()
+    local = flat_grads(agent)
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    result = {"check_steps": steps, "params": names}
+    if rank == 0:
+        result["local_cross_rank_max_abs_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
+        # The all-reduce must give the mean of the ranks' local gradients (step 0's data and weights),
+        # per parameter dtype (float32 FixUp scalars and SE weights round at 1e-7).
+        mean_local, offset, worst = torch.stack(gathered).mean(0), 0, {}
+        for p in agent.parameters():
+            a, b = first_synced[offset:offset + p.numel()], mean_local[offset:offset + p.numel()]
+            offset += p.numel()
+            key = str(p.dtype)[6:]
+            err = 0.0 if (a - b).abs().max().item() <= (0 if key == "float64" else 1e-7) else rel_err(a, b)
+            worst[key] = max(worst.get(key, 0.0), err)
+        result["synced_vs_mean_of_local_rel_err"] = worst
+    return result
+
+
+# ---- training --------------------------------------------------------------------------------
+
+def train(args, rank, world, device) -> dict:
+    autocast, pdtype = autocast_for(args, device)
+    n, chunk, cuda = args.batch, args.data_chunk, device.type == "cuda"
+    agent = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
+    randomize(agent, args.seed)
+    side = torch.cuda.Stream(device) if args.graph else None
+    with torch.cuda.stream(side) if side is not None else nullcontext():
+        model = ddp = wrap(agent, args, device) if not args.no_ddp else agent
+    timer = None
+    if not args.no_ddp and not args.graph:
+        timer = AllreduceTimer(cuda)
+        def timed_allreduce(state, bucket):
+            return timer(state, bucket)
+        ddp.register_comm_hook(None, timed_allreduce)
+    if args.compile:
+        model = torch.compile(ddp, backend=args.compile_backend)
+    opt = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+    use_scaler = DTYPES[args.dtype] == torch.float16
+    scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
+
+    def load(step):
+        return batch_for(step, rank * n, n, chunk, args.in_channels, args.image, args.seed, device)
+
+    def fwd_bwd(data):
+        with autocast:
+            loss = ppo_loss(model, data[0].to(pdtype), *data[1:])
+        scaler.scale(loss).backward()
+        return loss.detach()
+
+    replay = None
+    if args.graph:
+        if not cuda:
+            raise SystemExit("--graph needs CUDA")
+        static = load(0)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(args.graph_warmup):  # DDP wants >= 11 eager iterations before capture
+                agent.zero_grad(set_to_none=True)
+                fwd_bwd(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        agent.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            static_loss = fwd_bwd(static)
+
+        def replay(data):
+            for s, d in zip(static, data):
+                s.copy_(d)
+            graph.replay()
+            return static_loss.clone()
+
+    losses, times, comm = [], [], []
+    for step in range(args.steps):
+        data = load(step)
+        if cuda:
+            torch.cuda.synchronize()
+        if timer is not None:
+            timer.records = []
+        t0 = timer.mark() if timer is not None else None
+        start = time.perf_counter()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
+        if cuda:
+            ev[0].record()
+        if replay is not None:
+            loss = replay(data)
+        else:
+            agent.zero_grad(set_to_none=True)
+            loss = fwd_bwd(data)
+        bwd_end = timer.mark() if timer is not None else None
+        scaler.step(opt)
+        scaler.update()
+        if cuda:
+            ev[1].record()
+            torch.cuda.synchronize()
+            times.append(ev[0].elapsed_time(ev[1]))
+        else:
+            times.append((time.perf_counter() - start) * 1e3)
+        if timer is not None and timer.records:
+            comm.append(timer.summary(t0, bwd_end))
+        losses.append(loss)
+    losses = torch.stack(losses).float()
+    dist.all_reduce(losses)  # each rank's loss is its local mean: the global one is their mean
+    losses = (losses / world).tolist()
+    result = {"losses": losses, "step_ms": times}
+    timed = times[args.warmup:] or times
+    result["median_step_ms"] = statistics.median(timed)
+    result["samples_per_s"] = n * world / (result["median_step_ms"] / 1e3)
+    if comm:
+        later = comm[args.warmup:] or comm
+        result["allreduce_exposed_ms_median"] = statistics.median(c["allreduce_exposed_ms"] for c in later)
+        result["allreduce_busy_ms_median"] = statistics.median(c["allreduce_busy_ms_sum"] for c in later)
+        result["allreduce_overlapped_ms_median"] = statistics.median(c["allreduce_overlapped_ms_sum"] for c in later)
+        result["buckets_per_step"] = len(later[-1]["buckets"])
+        result["bucket_bytes"] = [b["bytes"] for b in later[-1]["buckets"]]
+        result["comm_last_step"] = later[-1]
+    if args.measure_allreduce and not args.no_ddp and not args.graph:
+        result["allreduce_added"] = measure_sync_cost(args, ddp, model, agent, fwd_bwd, load, cuda, timer)
+    return result
+
+
+def measure_sync_cost(args, ddp, model, agent, fwd_bwd, load, cuda, timer) -> dict:
+    """Median fwd+bwd time with gradient sync and without (ddp.no_sync()), alternating, same data."""
+    if timer is not None:
+        timer.active = False
+    data = load(0)
+    times = {"sync": [], "no_sync": []}
+    for i in range(2 * args.measure_allreduce + 2):
+        kind = "sync" if i % 2 == 0 else "no_sync"
+        agent.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with ddp.no_sync() if kind == "no_sync" else nullcontext():
+            fwd_bwd(data)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= 2:
+            times[kind].append((time.perf_counter() - start) * 1e3)
+    agent.zero_grad(set_to_none=True)
+    sync, no_sync = statistics.median(times["sync"]), statistics.median(times["no_sync"])
+    return {"fwd_bwd_ms_sync": sync, "fwd_bwd_ms_no_sync": no_sync, "added_ms": sync - no_sync,
+            "reps": args.measure_allreduce}
+
+
+def environment(device, backend, world, shared) -> dict:
+    env = {"torch": torch.__version__, "device": str(device), "backend": backend, "world_size": world,
+           "ranks_share_a_gpu": shared, "python": sys.version.split()[0]}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+    try:
+        import cutlass_ops
+        env["cutlass_ops"] = cutlass_ops.__file__
+        env["cutlass_ops_cuda_kernels"] = cutlass_ops.cuda_kernels_built()
+    except ImportError:
+        pass
+    return env
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="DD-PPO-shaped training of FusedResNet + a policy/value head under torch "
+                    "DistributedDataParallel. Launch with torchrun, one process per GPU, e.g. "
+                    "`torchrun --nproc-per-node 2 examples/ddp_ppo.py --batch 2048 --steps 20 --out r.json`. "
+                    "Device auto: CUDA + NCCL when a GPU is visible, else CPU + gloo; more ranks than GPUs "
+                    "share them through gloo.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=["fused", "reference"], default="fused",
+                   help="encoder: FusedResNet, or the PyTorch SEResNet9FixUp in channels_last (eager)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="samples per rank (N); the global batch is N x world size (default 2048 on CUDA, 4 on CPU)")
+    p.add_argument("--steps", type=int, default=20, help="training steps (Adam, lr --lr)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="first steps left out of the timing medians (they still train)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="float16/bfloat16: float32 weights + torch.autocast (+ GradScaler for float16); "
+                        "float32/float64: the weights' dtype (default float16 on CUDA, float32 on CPU)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                   help="auto: nccl on CUDA (one GPU per rank), else gloo")
+    p.add_argument("--graph", action="store_true",
+                   help="CUDA + NCCL: capture forward + backward (+ DDP's all-reduces) in one CUDA graph "
+                        "after --graph-warmup eager iterations on a side stream; the optimizer step stays eager")
+    p.add_argument("--graph-warmup", type=int, default=11, help="eager iterations before the capture")
+    p.add_argument("--compile", action="store_true", help="torch.compile the DDP model (DDPOptimizer splits "
+                                                          "the graph at bucket boundaries)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: no codegen)")
+    p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
+    p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP(gradient_as_bucket_view=True)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
+    p.add_argument("--no-ddp", action="store_true", help="no DDP wrapper (the 1-process baseline; world size 1)")
+    p.add_argument("--check-grads", action="store_true",
+                   help="compare one DDP step's gradients with a single process on the concatenated batch "
+                        "(on rank 0), per parameter; exit 1 if they differ beyond --tolerance")
+    p.add_argument("--check-steps", type=int, default=2,
+                   help="--check-grads: steps compared (DDP rebuilds its buckets after the first)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="--check-grads: max relative error per parameter (default: 1e-10 for float64 parameters, "
+                        "1e-4 for float32 ones; 16-bit runs: DDP's error vs float64 <= 2x the single process's "
+                        "+ 1e-3, tensors only)")
+    p.add_argument("--measure-allreduce", type=int, default=0, metavar="REPS",
+                   help="also time REPS fwd+bwd with gradient sync and REPS without (ddp.no_sync()), alternating")
+    p.add_argument("--ignore-param", action="append", default=[], metavar="NAME",
+                   help="negative control: DDP does not synchronize this parameter (--check-grads must then fail)")
+    p.add_argument("--in-channels", type=int, default=3)
+    p.add_argument("--base-planes", type=int, default=64, help="encoder width (64: bps-nav's; smaller for tests)")
+    p.add_argument("--image", type=int, default=64, help="observation height = width (a multiple of 32)")
+    p.add_argument("--data-chunk", type=int, default=256,
+                   help="samples per data generator (runs compared step by step need the same value; "
+                        "reduced to gcd(N, chunk))")
+    p.add_argument("--lr", type=float, default=2.5e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=int, default=None, help="MASTER_PORT when not launched by torchrun")
+    p.add_argument("--out", default=None, help="JSON: per-step loss and step times, all-reduce timing, "
+                                               "or the --check-grads report (written by rank 0)")
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank, world, device, backend, shared = setup(args)
+    if args.batch is None:
+        args.batch = 2048 if device.type == "cuda" else 4
+    if args.dtype is None:
+        args.dtype = "float16" if device.type == "cuda" else "float32"
+    args.data_chunk = math.gcd(args.batch, args.data_chunk)
+    if args.no_ddp and world != 1:
+        raise SystemExit("--no-ddp is the one-process baseline: world size 1")
+    torch.manual_seed(args.seed)
+    result = {"args": vars(args), "environment": environment(device, backend, world, shared)}
+    ok = True
+    try:
+        if args.check_grads:
+            report = check_grads(args, rank, world, device)
+            result.update(report)
+            if rank == 0:
+                ok = verdict(args, result)
+        else:
+            result.update(train(args, rank, world, device))
+    finally:
+        flag = torch.tensor([int(ok)], device=device if backend == "nccl" else "cpu")
+        dist.broadcast(flag, 0)
+        ok = bool(flag.item())
+        dist.destroy_process_group()
+    if rank == 0:
+        summarize(args, result)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+            print(f"wrote {args.out}")
+    return 0 if ok else 1
+
+
+def verdict(args, result) -> bool:
+    """Whether the --check-grads report passes; sets result['passed'] and ['failures'].
+
+    float32/float64 runs: each parameter's gradient within a relative --tolerance of the single
+    process's (by default 1e-10 for float64 parameters, 1e-4 for float32 ones: FusedResNet keeps
+    its FixUp scalars and SE weights in float32 in a float64 model, and the two runs sum their
+    gradients in different orders; or within 1e-7 absolute for a gradient that small).  16-bit
+    runs: each tensor's DDP gradient no farther from float64 than 2x the single process's + 1e-3
+    (the FixUp scalars' 16-bit gradients are noise, README).  Always: every parameter has a
+    gradient, the ranks' gradients are identical, and they are the mean of the local ones."""
+    dtype = DTYPES[args.dtype]
+    sixteen = dtype in (torch.float16, torch.bfloat16)
+    failures = []
+    for rec in result["check_steps"]:
+        if rec["grads_missing"]:
+            failures.append(f"step {rec['step']}: {rec['grads_missing']} parameters without a gradient")
+        if rec["cross_rank_max_abs_diff"] != 0:
+            failures.append(f"step {rec['step']}: ranks' gradients differ by {rec['cross_rank_max_abs_diff']:.3g}")
+        for name, row in rec["params"].items():
+            if sixteen:
+                if row["numel"] > 1 and row["ddp_rel_err_vs_float64"] > 2 * row["single_rel_err_vs_float64"] + 1e-3:
+                    failures.append(f"step {rec['step']} {name}: DDP {row['ddp_rel_err_vs_float64']:.3g} vs "
+                                    f"single {row['single_rel_err_vs_float64']:.3g} from float64")
+                continue
+            tol = args.tolerance if args.tolerance is not None else (1e-10 if row["dtype"] == "float64" else 1e-4)
+            small = row["dtype"] != "float64" and row["max_abs_err"] <= 1e-7
+            if not (row["rel_err"] <= tol or small):
+                failures.append(f"step {rec['step']} {name} ({row['dtype']}): rel. error {row['rel_err']:.3g} > {tol:g}")
+    for key, err in result["synced_vs_mean_of_local_rel_err"].items():
+        if not err <= (1e-12 if key == "float64" else 1e-5):
+            failures.append(f"synchronized {key} gradients are not the mean of the ranks' local ones: "
+                            f"rel. error {err:.3g}")
+    if result["local_cross_rank_max_abs_diff"] == 0 and int(result["environment"]["world_size"]) > 1:
+        failures.append("the ranks' local gradients are identical: the check cannot tell an all-reduce happened")
+    result["passed"], result["failures"] = not failures, failures
+    return not failures
+
+
+def summarize(args, result) -> None:
+    env = result["environment"]
+    print(f"{env['world_size']} rank(s), {env['device']} ({env['backend']}), model {args.model}, N={args.batch} "
+          f"per rank, {args.dtype}, graph={args.graph}, compile={args.compile}, static_graph={args.static_graph}")
+    if args.check_grads:
+        for rec in result["check_steps"]:
+            print(f"step {rec['step']}: loss {rec['loss']:.6f}; DDP vs single process on the concatenated "
+                  f"batch: max rel. error {rec['max_rel_err']:.3g}, max abs. error {rec['max_abs_err']:.3g} over "
+                  f"{len(rec['params'])} parameters; ranks differ by {rec['cross_rank_max_abs_diff']:.3g}")
+        print(f"local (unsynchronized) gradients differ across ranks by {result['local_cross_rank_max_abs_diff']:.3g}; "
+              f"the synchronized ones are their mean within "
+              + ", ".join(f"{v:.3g} ({k})" for k, v in result["synced_vs_mean_of_local_rel_err"].items()))
+        print("PASSED" if result["passed"] else "FAILED:\n  " + "\n  ".join(result["failures"][:20]))
+        return
+    losses = result["losses"]
+    print(f"loss: step 0 {losses[0]:.5f}, step {len(losses) - 1} {losses[-1]:.5f}")
+    print(f"step: median {result['median_step_ms']:.3f} ms ({result['samples_per_s']:.0f} samples/s global)")
+    if "allreduce_exposed_ms_median" in result:
+        print(f"all-reduce: {result['buckets_per_step']} bucket(s) per step "
+              f"({', '.join(f'{b / 2**20:.1f}' for b in result['bucket_bytes'])} MiB); medians: "
+              f"{result['allreduce_busy_ms_median']:.3f} ms of all-reduce, {result['allreduce_overlapped_ms_median']:.3f} "
+              f"ms of it beside the backward's compute, {result['allreduce_exposed_ms_median']:.3f} ms after it")
+    if "allreduce_added" in result:
+        a = result["allreduce_added"]
+        print(f"fwd+bwd with sync {a['fwd_bwd_ms_sync']:.3f} ms, without {a['fwd_bwd_ms_no_sync']:.3f} ms: "
+              f"all-reduce adds {a['added_ms']:.3f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""Summarizes examples/ddp_ppo.py runs (tests/gpu_ddp.sh writes them): throughput of 2 GPUs
+against 1 GPU at the same per-GPU batch, per model and mode, the all-reduce's cost, and the
+loss curves of 2 GPUs vs 1 GPU on the same global batch overlaid in a PNG.
+
+    python examples/ddp_ppo_report.py RESULTS_DIR      # reads RESULTS_DIR/*.json, writes summary.json + PNG
+
+Run names (file stems): <model>_<mode>_<gpus>gpu[_samebatch], e.g. fused_eager_2gpu,
+fused_eager_1gpu (N per GPU: the throughput baseline) and fused_eager_1gpu_samebatch (2N on
+one GPU: the loss-curve baseline).
+"""
+import json
+import sys
+from pathlib import Path
+
+
+def main(folder: str) -> int:
+    root = Path(folder)
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(root.glob("*.json"))
+            if p.stem != "summary" and "losses" in json.loads(p.read_text())}
+    rows = []
+    for name, two in runs.items():
+        if not name.endswith("_2gpu"):
+            continue
+        stem = name[: -len("_2gpu")]
+        one = runs.get(stem + "_1gpu")
+        row = {"run": stem, "step_ms_2gpu": two["median_step_ms"], "samples_per_s_2gpu": two["samples_per_s"]}
+        if one:
+            row.update(step_ms_1gpu=one["median_step_ms"], samples_per_s_1gpu=one["samples_per_s"],
+                       speedup=two["samples_per_s"] / one["samples_per_s"])
+            row["meets_1.9x"] = row["speedup"] >= 1.9
+        for key in ("allreduce_exposed_ms_median", "allreduce_overlapped_ms_median", "allreduce_busy_ms_median",
+                    "buckets_per_step"):
+            if key in two:
+                row[key] = two[key]
+        if "allreduce_added" in two:
+            row["allreduce_added_ms"] = two["allreduce_added"]["added_ms"]
+        same = runs.get(stem + "_1gpu_samebatch")
+        if same:
+            row["max_rel_loss_diff_vs_1gpu_same_global_batch"] = max(
+                abs(a - b) / max(abs(b), 1e-12) for a, b in zip(two["losses"], same["losses"]))
+        rows.append(row)
+    for row in rows:
+        print(json.dumps(row))
+    (root / "summary.json").write_text(json.dumps(rows, indent=1))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: no PNG")
+        return 0
+    curves = [(r["run"], runs[r["run"] + "_2gpu"], runs.get(r["run"] + "_1gpu_samebatch")) for r in rows]
+    curves = [c for c in curves if c[2]]
+    if curves:
+        fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
+        for ax, (name, two, one) in zip(axes[0], curves):
+            ax.plot(one["losses"], "-", label=f"1 GPU, N={one['args']['batch']}")
+            ax.plot(two["losses"], "--", label=f"2 GPUs, N={two['args']['batch']} each")
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("step")
+            ax.set_ylabel("PPO loss")
+            ax.legend()
+        fig.suptitle(f"same global batch; {two['environment'].get('gpu', '')}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(root / "loss_curves_1_vs_2_gpus.png", dpi=110)
+        print(f"wrote {root / 'loss_curves_1_vs_2_gpus.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "gpu_results/ddp"))

@@ -1,0 +1,208 @@
+"""FusedResNet under torch DistributedDataParallel (issue 23), through examples/ddp_ppo.py
+launched by torchrun with two processes: on the CPU with gloo (runs in CI), and on GPUs with
+NCCL (skipped without two GPUs) or two processes sharing one GPU through gloo.
+
+The example is a standalone script run as one subprocess per rank (as torchrun would start it), so it imports whichever cutlass_ops
+this Python imports (the installed package; a checkout's own Python files with
+PYTHONPATH=<checkout> when the built library is linked into its cutlass_ops/ folder).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import cutlass_ops
+from cutlass_ops import autograd
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_ppo.py"
+SMALL = ["--base-planes", "16", "--image", "32"]  # the same network, narrower: seconds on 2 cores
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() and cutlass_ops.cuda_kernels_built() else 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Launch:
+    """The example on `nproc` ranks, started at once: one process per rank with the variables
+    torchrun would set (torchrun itself would cost one more torch import per run on the 2-core
+    CI machine).  result() waits and returns (exit code, rank 0's JSON or None, output)."""
+
+    def __init__(self, nproc, *args, tmp_path, name="out", env=None):
+        self.out = Path(tmp_path) / f"{name}.json"
+        cmd = [sys.executable, str(EXAMPLE), *map(str, args), "--out", str(self.out)]
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc),
+                      "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1", **(env or {})}
+        self.procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), **rendezvous))
+                      for r in range(nproc)]
+        self.done = None
+
+    def result(self, timeout=600):
+        if self.done is None:
+            texts = [p.communicate(timeout=timeout)[0] for p in self.procs]
+            rc = max(p.returncode for p in self.procs)
+            self.done = (rc, json.loads(self.out.read_text()) if self.out.exists() else None, "\n".join(texts))
+        return self.done
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def torchrun(nproc, *args, tmp_path, name="out", env=None):
+    return Launch(nproc, *args, tmp_path=tmp_path, name=name, env=env).result()
+
+
+CPU_RUNS = {  # started together (the 2-core CI machine runs them side by side), checked below
+    "float64": (2, "--check-grads", "--dtype", "float64", "--batch", 2),
+    "static": (2, "--check-grads", "--dtype", "float32", "--batch", 2, "--static-graph", "--grad-as-bucket-view",
+               "--bucket-cap-mb", 0.05),
+    "ignored": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--check-steps", 1,
+                "--ignore-param", "encoder.layers.2.0.fixup_scale"),
+    "train2": (2, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
+               "--batch", 2, "--bucket-cap-mb", 0.05),
+    "train1": (1, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
+               "--batch", 4),
+}
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp")
+    runs = {name: Launch(spec[0], "--device", "cpu", *spec[1:], *SMALL, tmp_path=tmp, name=name)
+            for name, spec in CPU_RUNS.items()}
+    yield runs
+    for run in runs.values():
+        run.kill()
+
+
+def assert_check_passed(rc, report, text, world=2):
+    assert report is not None, text[-4000:]
+    assert rc == 0 and report["passed"], (report.get("failures"), text[-3000:])
+    assert report["environment"]["world_size"] == world
+    for rec in report["check_steps"]:
+        assert rec["grads_missing"] == 0
+        assert rec["cross_rank_max_abs_diff"] == 0  # every gradient all-reduced: identical on both ranks
+        assert len(rec["params"]) == len(report["params"]) == 54  # FusedResNet's 48 + the head's 6
+    # ... and the ranks' own gradients (no sync) differ, so the equality above means something.
+    assert report["local_cross_rank_max_abs_diff"] > 1e-3
+
+
+def test_ddp_gradients_equal_one_process_on_the_concatenated_batch_float64(cpu_runs):
+    """Random non-zero FixUp scalars, SE and conv2 weights; 2 steps (DDP rebuilds its buckets
+    after the first); float64 weights (FusedResNet keeps FixUp scalars and SE weights float32)."""
+    rc, report, text = cpu_runs["float64"].result()
+    assert_check_passed(rc, report, text)
+    for rec in report["check_steps"]:
+        for name, row in rec["params"].items():
+            assert row["rel_err"] <= (1e-12 if row["dtype"] == "float64" else 1e-4), (name, row)
+            assert row["ref_norm"] > 0, name  # a zero gradient would compare equal trivially
+
+
+def test_ddp_static_graph_bucket_views_small_buckets_float32(cpu_runs):
+    """static_graph=True, gradient_as_bucket_view=True and ~50 KB buckets (many all-reduces
+    started during the backward, in the order the gradients arrive)."""
+    rc, report, text = cpu_runs["static"].result()
+    assert_check_passed(rc, report, text)
+    assert report["args"]["static_graph"] and report["args"]["grad_as_bucket_view"]
+
+
+def test_the_check_fails_when_a_gradient_is_not_all_reduced(cpu_runs):
+    """Negative control: DDP told to leave one FixUp scalar alone; the check must catch it."""
+    name = "encoder.layers.2.0.fixup_scale"
+    rc, report, text = cpu_runs["ignored"].result()
+    assert rc == 1 and report is not None and not report["passed"], text[-3000:]
+    assert any(name in f for f in report["failures"]) and any("ranks' gradients differ" in f
+                                                              for f in report["failures"])
+
+
+def test_two_ranks_train_like_one_rank_on_the_same_global_batch(cpu_runs):
+    """Training (Adam, float64): 2 ranks at N=2 vs 1 rank at N=4, the same samples per step
+    (--data-chunk 2), give the same loss curve; the comm hook timed each bucket's all-reduce."""
+    rc2, two, text2 = cpu_runs["train2"].result()
+    assert rc2 == 0 and two is not None, text2[-3000:]
+    rc1, one, text1 = cpu_runs["train1"].result()
+    assert rc1 == 0 and one is not None, text1[-3000:]
+    assert len(two["losses"]) == 3 and len(set(two["losses"])) == 3  # it trains: the loss changes
+    for a, b in zip(two["losses"], one["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(b), (two["losses"], one["losses"])
+    comm = two["comm_last_step"]
+    assert two["buckets_per_step"] > 1 and all(b["done_ms"] >= b["ready_ms"] for b in comm["buckets"])
+    assert comm["backward_compute_end_ms"] <= comm["backward_returned_ms"]
+
+
+def test_no_deferred_wgrad_join_inside_a_ddp_forward():
+    """The deferred wgrad join (autograd.weights_used_once) is off inside a DDP forward: DDP's
+    reducer reads each gradient from an AccumulateGrad post hook, which stored_as_is cannot see
+    (on a GPU, under graph capture, a deferred wgrad would be bucketed before it was computed)."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            with autograd.weights_used_once():
+                seen.append(autograd.single_use_declared())
+            return self.lin(x)
+
+    probe = Probe()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        probe(torch.randn(1, 2))
+        torch.nn.parallel.DistributedDataParallel(probe)(torch.randn(1, 2))
+        probe(torch.randn(1, 2))
+    finally:
+        dist.destroy_process_group()
+    assert seen == [True, False, True]
+
+
+# ---- GPUs (later runs; skipped here) --------------------------------------------------------
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (and a CUDA build)")
+@pytest.mark.parametrize("mode", [[], ["--static-graph"], ["--compile"]], ids=["eager", "static_graph", "compile"])
+def test_nccl_fp16_gradients_within_noise(tmp_path, mode):
+    """2 GPUs, NCCL, fp16 autocast, N=256 per GPU: each tensor's DDP gradient is no farther
+    from float64 than 2x the single-GPU run's on the concatenated batch (+1e-3)."""
+    rc, report, text = torchrun(2, "--check-grads", "--dtype", "float16", "--batch", 256, *mode,
+                                tmp_path=tmp_path)
+    assert_check_passed(rc, report, text)
+    assert report["environment"]["backend"] == "nccl"
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (and a CUDA build)")
+def test_nccl_float32_gradients_equal(tmp_path):
+    rc, report, text = torchrun(2, "--check-grads", "--dtype", "float32", "--batch", 64, tmp_path=tmp_path)
+    assert_check_passed(rc, report, text)
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (and a CUDA build)")
+def test_nccl_graph_capture_trains_like_eager(tmp_path):
+    """The whole fwd+bwd+all-reduce captured in one CUDA graph: the loss curve matches eager's."""
+    common = ["--dtype", "float32", "--batch", 128, "--steps", 6, "--warmup", 1]
+    rc_e, eager, text_e = torchrun(2, *common, tmp_path=tmp_path, name="eager")
+    rc_g, graph, text_g = torchrun(2, *common, "--graph", tmp_path=tmp_path, name="graph")
+    assert rc_e == 0 and rc_g == 0, (text_e[-2000:], text_g[-2000:])
+    for a, b in zip(graph["losses"], eager["losses"]):
+        assert abs(a - b) <= 1e-3 * abs(b) + 1e-5, (graph["losses"], eager["losses"])
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a GPU (and a CUDA build)")
+def test_two_processes_share_one_gpu_through_gloo(tmp_path):
+    """Two ranks on one GPU (NCCL refuses that: gloo all-reduces the CUDA gradients)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    rc, report, text = torchrun(2, "--check-grads", "--dtype", "float32", "--batch", 32, tmp_path=tmp_path,
+                                env={"CUDA_VISIBLE_DEVICES": first})
+    assert_check_passed(rc, report, text)
+    assert report["environment"]["backend"] == "gloo" and report["environment"]["ranks_share_a_gpu"]
