@@ -237,6 +237,30 @@ def test_giou_forward_backward(dtype, form):
     assert torch.isfinite(loss) and torch.isfinite(p.grad).all() and torch.isfinite(t.grad).all()
 
 
+# ---- FusedMLP: the generated forward and backward kernels (odd widths: padding inside) -------------
+
+@pytest.mark.parametrize("rows", [1, 131])
+def test_fused_mlp_forward_backward(rows):
+    """A 3-layer MLP with odd widths and two activations, forward and backward (the kernel is
+    compiled at first use, outside the sanitized kernels).  Against the module's own float32
+    CPU path, loosely."""
+    torch.manual_seed(rows)
+    ref = torch.nn.Sequential(torch.nn.Linear(19, 57), torch.nn.SiLU(), torch.nn.Linear(57, 40),
+                              torch.nn.Tanh(), torch.nn.Linear(40, 7))
+    cpu = cutlass_ops.FusedMLP.from_module(ref, torch.randn(2, 19))
+    gpu = cutlass_ops.FusedMLP.from_module(ref.cuda().half(), torch.randn(2, 19))
+    x = torch.randn(rows, 19)
+    xg = x.cuda().half().requires_grad_()
+    y = gpu(xg)
+    y.float().square().sum().backward()
+    xc = x.clone().requires_grad_()
+    yc = cpu(xc)
+    yc.square().sum().backward()
+    assert errors(y, yc.detach())[0] < 1e-2
+    assert errors(xg.grad, xc.grad)[0] < 3e-2
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in gpu.parameters())
+
+
 # ---- FusedResNet: forward and a training step, eager and graphed ---------------------------------
 
 def _model(graph=False):
