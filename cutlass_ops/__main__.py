@@ -219,7 +219,7 @@ def main(argv=None) -> int:
                         "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`); mlp: FusedMLP vs "
                         "eager and torch.compile max-autotune on four MLPs, inference and fwd+bwd, batch "
                         "2^14, 2^18, 2^21 (throughput and latency, JSON)")
-    b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all four)")
+    b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
                    help="mlp: inference and/or train (fwd+bwd)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
