@@ -9,7 +9,8 @@
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
 # resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
 # wheel carried in gpu_carry/, installed into a folder of its own); reliability (fuzz, large
-# tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh).
+# tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh); mlp-tests
+# (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.).
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -99,6 +100,11 @@ for step in ${STEPS:-}; do
        && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
          -x "$REPO/tests/python" > "$OUT/wheel_tests.log" 2>&1)
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/wheel_tests.log" | tail -5
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    mlp-tests)  # FusedMLP's GPU tests (kernels JIT-compiled into a fresh cache: compile times included)
+      (cd /tmp && CUTLASS_OPS_CACHE=/tmp/mlp_cache timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rf \
+         "$REPO/tests/python/test_fused_mlp.py" > "$OUT/mlp_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/mlp_tests.log" | tail -8
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     reliability)  # issue 22's GPU tests: the fuzz (CUTLASS_OPS_FUZZ_CASES per op), large tensors, concurrency, bad input
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rs \
