@@ -5,7 +5,8 @@ Metrics as in bench.py: **throughput**, `calls` back-to-back calls between two C
 median of `reps`, per call; **latency**, one synchronized call between two events, median.
 Each system is set up (for FusedMLP: kernel compile or cache load, reported as compile_s /
 load_s; for torch.compile: compile + autotune) and timed, then released before the next.
-Self-contained (no import of the compiled op library) so that it runs wherever FusedMLP does.
+**Device time**: the profiler's kernel sum of one call (bench.device_time). Timing helpers
+are bench.py's.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 import torch
 import torch.nn as nn
 
+from .bench import device_time, time_cuda, time_throughput
 from .mlp import FusedMLP
 
 
@@ -46,33 +48,6 @@ MODELS = {
 }
 BATCHES = [2 ** 14, 2 ** 18, 2 ** 21]
 SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
-
-
-def _throughput(fn, calls, reps):
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / calls)
-    return statistics.median(out)
-
-
-def _latency(fn, iters):
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def _flops(model, rows, backward):
@@ -124,10 +99,11 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             fn()
                         torch.cuda.synchronize()
                         setup = time.perf_counter() - t0
-                        tp = _throughput(fn, calls, reps)
-                        lat = _latency(fn, latency_iters)
+                        tp = statistics.median(time_throughput(fn, calls, reps))
+                        lat = time_cuda(fn, warmup=1, iters=latency_iters)["median_ms"]
                         r = {"setup_s": setup, "throughput_ms": tp, "latency_ms": lat,
                              "tflops": row["gflop"] / tp if tp > 0 else math.nan}  # GFLOP per ms
+                        r.update(device_time(fn))
                         if system == "FusedMLP":
                             r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
                                      cache_hit=extra.get("cache_hit"), rows_per_cta=extra.get("rows_per_cta"))
@@ -142,10 +118,12 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
 
 
 def format_row(row: dict) -> str:
+    """One line per row: each system's throughput / latency / device ms."""
     parts = [f"{row['model']:18s} {row['mode']:9s} {row['rows']:8d}"]
     for name, r in row["systems"].items():
         if "error" in r:
             parts.append(f"{name}: {r['error'][:60]}")
         else:
-            parts.append(f"{name}: {r['throughput_ms']:.4f} / {r['latency_ms']:.4f} ms ({r['tflops']:.1f} TFLOP/s)")
+            parts.append(f"{name}: {r['throughput_ms']:.4f} / {r['latency_ms']:.4f} / {r['device_ms']:.4f} ms "
+                         f"({r['tflops']:.1f} TFLOP/s)")
     return "  ".join(parts)
