@@ -217,8 +217,8 @@ def main(argv=None) -> int:
                         "throughput, latency and device time, with setup time and peak memory (JSON + "
                         "PNG); giou: the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision "
                         "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`); mlp: FusedMLP vs "
-                        "eager and torch.compile max-autotune on four MLPs, inference and fwd+bwd, batch "
-                        "2^14, 2^18, 2^21 (throughput and latency, JSON)")
+                        "eager and torch.compile max-autotune on issue 19's four MLPs (+ one), inference and "
+                        "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON)")
     b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
                    help="mlp: inference and/or train (fwd+bwd)")
