@@ -262,7 +262,7 @@ class VisionTransformer(nn.Module):
         else:
             self.cls_token = None
         self.pos_drop = nn.Dropout(p=drop_rate)
-        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth, device="cpu")]
         self.blocks = nn.ModuleList([
             Block(dim_in=embed_dim, dim_out=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                   drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[j], act_layer=act_layer,

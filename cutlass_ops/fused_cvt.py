@@ -36,7 +36,7 @@ from torch import nn
 
 from .cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
                   layer_norm, quick_gelu)
-from .ops import conv2d_fused
+from .ops import conv2d_fused, conv2d_fused_last_kernel
 
 
 class FusedCvT(ConvolutionalVisionTransformer):
@@ -66,9 +66,9 @@ class FusedCvT(ConvolutionalVisionTransformer):
                                  "CvT's LayerNorm (16-bit inputs in float32)")
         in_chans = model.stage0.patch_embed.proj.weight.shape[1]
         p = next(model.parameters())
-        with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the caller's RNG
+        with torch.device("meta"):  # no init work (and no RNG draws): the weights are loaded next
             fused = cls(model.num_classes, in_chans, model.spec)
-        fused = fused.to(device=p.device, dtype=p.dtype)
+        fused = fused.to_empty(device=p.device).to(dtype=p.dtype)
         fused.load_state_dict(model.state_dict())
         for a, b in zip(fused.modules(), model.modules()):
             if isinstance(a, LayerNorm):
@@ -95,8 +95,6 @@ class FusedCvT(ConvolutionalVisionTransformer):
     # -- forward ---------------------------------------------------------------------------
     def _check_input(self, x: torch.Tensor, autocast_dtype) -> None:
         w = self.stage0.patch_embed.proj.weight
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"FusedCvT: input must be a tensor, got {type(x).__name__}")
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"FusedCvT: expected input (N, {self.in_chans}, H, W), got {tuple(x.shape)}")
         if x.shape[0] == 0:
@@ -118,12 +116,28 @@ class FusedCvT(ConvolutionalVisionTransformer):
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x)
+
+    def kernel_report(self, x: torch.Tensor) -> list[tuple[str, tuple, str]]:
+        """(layer, output shape, kernel) of each conv2d_fused call in one forward on x: the
+        generated CUTLASS kernel (tile, alignment, split-K) the dispatcher picked, or "aten"
+        (CPU, float32/64, or a shape no kernel covers)."""
+        report: list = []
+        with torch.no_grad():
+            self._forward(x, report)
+        return report
+
+    def _forward(self, x: torch.Tensor, report: list | None = None) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"FusedCvT: input must be a tensor, got {type(x).__name__}")
         autocast_dtype = self._autocast_dtype(x)
         self._check_input(x, autocast_dtype)
         x = x.contiguous(memory_format=torch.channels_last)
         cls_tokens = None
-        for stage in self.stages():
+        for i, stage in enumerate(self.stages()):
             x, cls_tokens = self._stage(stage, x, autocast_dtype)
+            if report is not None:
+                report.append((f"stage{i}.patch_embed.proj", tuple(x.shape), conv2d_fused_last_kernel()))
         if self.cls_token:
             feat = layer_norm(cls_tokens, self.norm).squeeze(1)
         else:
