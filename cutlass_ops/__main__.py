@@ -148,7 +148,7 @@ def bench_cvt_cmd(args) -> int:
         chosen = [s for s in systems if not args.systems or s in args.systems]
         return [s for s in chosen if not (args.no_compile and s.startswith("torch.compile"))]
     timing = _timing_args(args, 50)
-    result = bench_cvt(CVT_INFER_BATCHES if args.batch == RESNET_BATCHES else args.batch,
+    result = bench_cvt(CVT_INFER_BATCHES if args.infer_batch is None else args.infer_batch,
                        CVT_TRAIN_BATCHES if args.train_batch is None else args.train_batch,
                        _dtype(args.dtype or "fp16"), pick(CVT_INFER_SYSTEMS), pick(CVT_TRAIN_SYSTEMS),
                        size=args.size, **timing)
@@ -228,9 +228,10 @@ def main(argv=None) -> int:
                         "(JSON + PNGs)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
                    help="resnet: batch sizes (default 1 128 512 2048); train: default 512 2048")
+    b.add_argument("--infer-batch", type=int, nargs="*", default=None,
+                   help="cvt: inference batch sizes (default 1 64 256; the option alone: no inference)")
     b.add_argument("--train-batch", type=int, nargs="*", default=None,
-                   help="cvt: training-step batch sizes (default 64 128; give none to skip training); "
-                        "--batch: cvt inference batch sizes (default 1 64 256)")
+                   help="cvt: training-step batch sizes (default 64 128; the option alone: no training)")
     b.add_argument("--size", type=int, default=224, help="cvt: image height = width (default 224)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None,

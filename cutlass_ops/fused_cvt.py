@@ -30,6 +30,8 @@ random mask differs from the reference's.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,7 +47,6 @@ class FusedCvT(ConvolutionalVisionTransformer):
     still PyTorch."""
 
     def __init__(self, num_classes: int = 1000, in_chans: int = 3, spec: dict | None = None):
-        from functools import partial
         super().__init__(in_chans=in_chans, num_classes=num_classes, act_layer=QuickGELU,
                          norm_layer=partial(LayerNorm, eps=1e-5), init=(spec or CVT13_SPEC).get("INIT", "trunc_norm"),
                          spec=spec or CVT13_SPEC)

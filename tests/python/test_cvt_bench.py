@@ -28,7 +28,7 @@ def test_cvt_cli_help():
     rc, out, _ = run("bench", "--help")
     assert rc == 0
     text = " ".join(out.split())
-    for word in ("cvt", "FusedCvT", "--train-batch", "--size", "throughput", "latency"):
+    for word in ("cvt", "FusedCvT", "--infer-batch", "--train-batch", "--size", "throughput", "latency"):
         assert word in text, word
     rc, out, _ = run("train-check-cvt", "--help")
     assert rc == 0 and "--steps" in out and "--amp" in out
@@ -82,3 +82,17 @@ def test_cvt_bench_merge_results():
     assert r1["results"]["FusedCvT"]["throughput_ms"] == 1.0 and r1["results"]["eager NCHW"]["throughput_ms"] == 3.0
     assert r1["ratios"]["throughput_ms"]["ratio"] == pytest.approx(1 / 3)
     assert [r["n"] for r in merged["training"]] == [64]
+
+
+def test_cvt_bench_systems_run_on_cpu():
+    """The benchmark's un-graphed, un-compiled systems build and run (on the CPU, a tiny CvT):
+    the same callables bench_cvt times on the GPU."""
+    torch.manual_seed(0)
+    ref = _tiny()
+    x = torch.randn(2, 3, 32, 32)
+    for name in ("FusedCvT", "eager NCHW"):
+        out = cvt_bench._infer_system(name, ref, x)()
+        assert out.shape == (2, 10) and not out.requires_grad
+    cvt_bench._train_system("FusedCvT", ref, x)()  # zero_grad, forward, loss, backward
+    with pytest.raises(ValueError, match="unknown inference system"):
+        cvt_bench._infer_system("nope", ref, x)
