@@ -130,3 +130,9 @@ def test_cvt_half_model_layer_norm_runs_in_float32():
     out = half(x.half())
     assert out.dtype == torch.float16
     assert errors(out, ref)[0] < 2e-3
+
+
+def test_cvt13_flops_match_the_paper():
+    """Wu et al. 2021, Table 2: CvT-13 at 224x224 is 4.5 G multiply-adds (their "FLOPs")."""
+    macs = cvt.cvt_flops(cvt.CVT13_SPEC, 224, 224) / 2
+    assert 4.45e9 < macs < 4.65e9, macs
