@@ -38,6 +38,7 @@ from torch import nn
 
 from .cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
                   layer_norm, quick_gelu)
+from .fused_resnet import FusedResNet
 from .ops import conv2d_fused, conv2d_fused_last_kernel
 
 
@@ -109,12 +110,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
             raise ValueError(f"FusedCvT: input is {x.dtype} on {x.device} but the model is {w.dtype} on "
                              f"{w.device}; convert one of them")
 
-    @staticmethod
-    def _autocast_dtype(x: torch.Tensor):
-        device = x.device.type
-        if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
-            return torch.get_autocast_dtype(device)
-        return None
+    _autocast_dtype = staticmethod(FusedResNet._autocast_dtype)  # the dtype autocast asks for, or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._forward(x)
