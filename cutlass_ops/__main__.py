@@ -68,6 +68,8 @@ def cmd_bench(args) -> int:
         return bench_mlp_cmd(args)
     if args.what == "train":
         return bench_train_cmd(args)
+    if args.what == "cvt":
+        return bench_cvt_cmd(args)
     if args.what == "giou":
         from .giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
@@ -154,6 +156,34 @@ def bench_train_cmd(args) -> int:
     return _finish(result, out, args.merge, print_train_table, plot_train)
 
 
+def bench_cvt_cmd(args) -> int:
+    from .bench import environment, write_json
+    from .cvt_bench import (CVT_INFER_BATCHES, CVT_INFER_SYSTEMS, CVT_TRAIN_BATCHES, CVT_TRAIN_SYSTEMS, bench_cvt,
+                            merge_results, plot_cvt, print_cvt_table)
+    out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/cvt.json")
+    known = set(CVT_INFER_SYSTEMS) | set(CVT_TRAIN_SYSTEMS)
+    unknown = [s for s in args.systems or [] if s not in known]
+    if unknown:
+        print(f"bench cvt: unknown systems {unknown}; choose from {sorted(known)}", file=sys.stderr)
+        return 2
+
+    def pick(systems):
+        chosen = [s for s in systems if not args.systems or s in args.systems]
+        return [s for s in chosen if not (args.no_compile and s.startswith("torch.compile"))]
+    timing = _timing_args(args, 50)
+    result = bench_cvt(CVT_INFER_BATCHES if args.infer_batch is None else args.infer_batch,
+                       CVT_TRAIN_BATCHES if args.train_batch is None else args.train_batch,
+                       _dtype(args.dtype or "fp16"), pick(CVT_INFER_SYSTEMS), pick(CVT_TRAIN_SYSTEMS),
+                       size=args.size, **timing)
+    result["environment"] = environment()
+    if args.merge and out.exists():
+        result = merge_results(json.loads(out.read_text()), result)
+    print_cvt_table(result)
+    write_json(out, result)
+    plot_cvt(result, out.with_suffix(".png"))
+    return 0
+
+
 def cmd_layers(args) -> int:
     import torch
     from .fused_resnet import FusedResNet
@@ -210,7 +240,7 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against PyTorch in the same process (CUDA events, "
                                      "medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt"],
                    help="conv: one fused conv layer; resnet: FusedResNet inference, train: a FusedResNet "
                         "training step (fwd+bwd), each vs eager (+ CUDA graph) and torch.compile "
                         "max-autotune (NCHW, channels_last, and no-cudagraphs captured by hand), in "
@@ -218,17 +248,24 @@ def main(argv=None) -> int:
                         "PNG); giou: the fused GIoU loss (fwd+bwd, 1024 images) vs PyTorch/torchvision "
                         "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`); mlp: FusedMLP vs "
                         "eager and torch.compile max-autotune on issue 19's four MLPs (+ one), inference and "
-                        "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON)")
+                        "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON); cvt: "
+                        "FusedCvT (CvT-13, only its conv embeddings fused so far) inference and a training "
+                        "step vs the same peers as resnet/train (JSON + PNGs)")
     b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
                    help="mlp: inference and/or train (fwd+bwd)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
                    help="resnet: batch sizes (default 1 128 512 2048); train: default 512 2048")
+    b.add_argument("--infer-batch", type=int, nargs="*", default=None,
+                   help="cvt: inference batch sizes (default 1 64 256; the option alone: no inference)")
+    b.add_argument("--train-batch", type=int, nargs="*", default=None,
+                   help="cvt: training-step batch sizes (default 64 128; the option alone: no training)")
+    b.add_argument("--size", type=int, default=224, help="cvt: image height = width (default 224)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None,
-                   help="resnet/train: subset of systems to time (names as printed; unknown names list the choices)")
+                   help="resnet/train/cvt: subset of systems to time (names as printed; unknown names list the choices)")
     b.add_argument("--merge", action="store_true",
-                   help="resnet/train: merge the rows into an existing --out JSON (split long runs)")
+                   help="resnet/train/cvt: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--calls", type=int, default=None,
                    help="resnet/train throughput metric: back-to-back calls between two CUDA events "
                         "(default 200 for resnet, 50 training steps for train)")
@@ -266,6 +303,19 @@ def main(argv=None) -> int:
                    help="mixed precision: float32 weights, torch.autocast to this dtype, GradScaler")
     t.add_argument("--out", default="bench_results/train", help="output path without suffix (.json, .png)")
     t.set_defaults(fn=lambda a: __import__("cutlass_ops.train_check", fromlist=["main"]).main(a))
+    tc = sub.add_parser("train-check-cvt", help="train FusedCvT and the CvT-13 reference side by side on a "
+                                                "fixed synthetic batch; compare and plot the loss curves")
+    tc.add_argument("--steps", type=int, default=50, help="optimizer steps (default 50)")
+    tc.add_argument("--n", type=int, default=16, help="batch size (default 16)")
+    tc.add_argument("--size", type=int, default=224, help="image height = width, a multiple of 16 (default 224)")
+    tc.add_argument("--device", default="cuda" if _cuda() else "cpu", help="default cuda when available")
+    tc.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
+                    help="weights and activations (default fp32)")
+    tc.add_argument("--amp", choices=["fp16", "bf16"], default=None,
+                    help="mixed precision: float32 weights, torch.autocast to this dtype, GradScaler")
+    tc.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    tc.add_argument("--out", default="bench_results/train_cvt", help="output path without suffix (.json, .png)")
+    tc.set_defaults(fn=lambda a: __import__("cutlass_ops.cvt_bench", fromlist=["train_check_main"]).train_check_main(a))
     pr = sub.add_parser("profile", help="time every built conv kernel on FusedResNet's conv problems and "
                                         "write profiles/<gpu>/sm<family>.csv (build with "
                                         "CUTLASS_OPS_KERNELS=sweep first); resumes an interrupted sweep")

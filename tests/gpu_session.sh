@@ -10,7 +10,9 @@
 # resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
 # wheel carried in gpu_carry/, installed into a folder of its own); reliability (fuzz, large
 # tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh); mlp-tests
-# (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.).
+# (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
+# CvT (issue 20): cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
+# step), train-check-cvt.
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -42,7 +44,7 @@ mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
 if [ -f gpu_carry/inductor_cache.tgz ] && [ ! -f "$TORCHINDUCTOR_CACHE_DIR/.from_carry" ]; then
   tar -xzf gpu_carry/inductor_cache.tgz -C "$TORCHINDUCTOR_CACHE_DIR" && touch "$TORCHINDUCTOR_CACHE_DIR/.from_carry"
 fi
-for f in train.json resnet.json; do [ -f "gpu_carry/$f" ] && [ ! -f "$OUT/$f" ] && cp "gpu_carry/$f" "$OUT/$f"; done
+for f in train.json resnet.json cvt.json; do [ -f "gpu_carry/$f" ] && [ ! -f "$OUT/$f" ] && cp "gpu_carry/$f" "$OUT/$f"; done
 
 # FROM_WHEEL=1: no build; every step runs the wheel in gpu_carry/ (built elsewhere, e.g. on the
 # CPU machine against the same torch), installed into a folder of its own.
@@ -115,6 +117,22 @@ for step in ${STEPS:-}; do
     sanitize)  # compute-sanitizer; tools from the step's value, e.g. sanitize:memcheck,initcheck
       tools=${n//,/ }; [ "$tools" = sanitize ] && tools="memcheck racecheck initcheck synccheck"
       OUT=$OUT PYTHON=$PYTHON CUTLASS_OPS_SANITIZE_TOOLS="$tools" timeout "$limit" bash tests/gpu_sanitize.sh 2>&1 | tail -8
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    cvt-tests)  # FusedCvT and the CvT reference (CPU and CUDA tests)
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rs -k cvt \
+         "$REPO/tests/python" > "$OUT/cvt_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR|SKIPPED" "$OUT/cvt_tests.log" | tail -15
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    cvt|cvt-train)  # bench cvt: cvt:N inference at batch N, cvt-train:N a training step; merged into cvt.json
+      if [ "$what" = cvt ]; then batches="--infer-batch $n --train-batch"; else batches="--infer-batch --train-batch $n"; fi
+      (cd /tmp && timeout "$limit" "$PYTHON" -X faulthandler -P -m cutlass_ops bench cvt $batches --merge \
+         --out "$OUT/cvt.json" ${BENCH_ARGS:-} 2> "$OUT/cvt_progress.log" > /tmp/bench_step.txt) \
+        || { echo "bench $step: stopped (rc $?, timeout $limit s); last progress:"; tail -3 "$OUT/cvt_progress.log"; }
+      tee -a "$OUT/bench.txt" < /tmp/bench_step.txt
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    train-check-cvt)  # 50 steps, FusedCvT vs the reference, float32 weights + fp16 autocast
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops train-check-cvt --steps 50 --n 16 --amp fp16 \
+         --out "$OUT/train_check_cvt" 2>&1 | tail -4)
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-sweep)  # docs/experiments/sm90_conv3x_fprop: stock sm90 fprop variants vs cuDNN
       OUT=$OUT timeout "$limit" bash docs/experiments/sm90_conv3x_fprop/run_sweep.sh > /tmp/sm90_sweep.txt 2>&1 \

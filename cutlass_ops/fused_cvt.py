@@ -1,0 +1,207 @@
+"""FusedCvT: CvT (Convolutional Vision Transformer) on cutlass_ops ops, NHWC inside.
+
+A FOUNDATION, NOT FUSED YET.  Same parameters, buffers and state_dict names as the
+reference ``cutlass_ops.cvt.ConvolutionalVisionTransformer`` (``cvt13()``); only the forward
+differs.  What runs where, per forward:
+
+  fused CUTLASS kernel (``conv2d_fused``, on CUDA fp16/bf16; on the CPU and for float32/64
+  it is ATen's conv, correct but not fused):
+    - the three conv embeddings, conv + bias in one kernel: 7x7/4 (C_in=3, an alignment-1
+      kernel), 3x3/2 64->192, 3x3/2 192->384; output NHWC (channels_last), read as tokens
+      (N, H*W, C) without a copy.
+
+  still PyTorch (ATen / cuDNN / cuBLAS kernels, one or more per op):
+    - every LayerNorm (16-bit inputs in float32, as CvT's LayerNorm);
+    - the q/k/v "dw_bn" projections: depthwise 3x3 conv (stride 1 for q, 2 for k and v) on
+      the NHWC map.  Eval mode: the BatchNorm folded into the conv (weight * gamma /
+      sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), recomputed every forward
+      from the current parameters and running statistics, float32 or wider).  Train mode: the
+      real ``nn.BatchNorm2d`` after the conv (batch statistics, running statistics updated).
+    - the q/k/v/out linears, the MLP linears (``F.linear``), QuickGELU, residual adds, drop
+      path (timm 0.3.2's, same RNG draws as the reference), dropout;
+    - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
+      whole embed dim, as CvT), the cls token concatenated in front of q, k, v;
+    - the head: LayerNorm of the cls token, Linear.
+
+Input: (N, in_chans, H, W), H and W multiples of 16 (each stage then halves the map
+exactly: H/4, H/8, H/16), the model's dtype and device (or any float under torch.autocast);
+any batch size >= 1.  Attention dropout > 0 (no CvT config uses it) runs inside SDPA, so its
+random mask differs from the reference's.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
+                  layer_norm, quick_gelu)
+from .fused_resnet import FusedResNet
+from .ops import conv2d_fused, conv2d_fused_last_kernel
+
+
+class FusedCvT(ConvolutionalVisionTransformer):
+    """Drop-in for the CvT reference (``cutlass_ops.cvt``); see the module docstring for
+    which parts are fused CUTLASS kernels (only the conv embeddings so far) and which are
+    still PyTorch."""
+
+    def __init__(self, num_classes: int = 1000, in_chans: int = 3, spec: dict | None = None):
+        super().__init__(in_chans=in_chans, num_classes=num_classes, act_layer=QuickGELU,
+                         norm_layer=partial(LayerNorm, eps=1e-5), init=(spec or CVT13_SPEC).get("INIT", "trunc_norm"),
+                         spec=spec or CVT13_SPEC)
+        self.in_chans = in_chans
+        self._to_kernel_layouts()
+
+    @classmethod
+    def from_reference(cls, model: ConvolutionalVisionTransformer) -> "FusedCvT":
+        """A FusedCvT with the reference's spec, weights, buffers, dtype, device and mode."""
+        if not isinstance(model, ConvolutionalVisionTransformer):
+            raise TypeError(f"FusedCvT.from_reference: expected a cutlass_ops.cvt model, got {type(model).__name__}")
+        for name, m in model.named_modules():
+            if isinstance(m, Block) and not isinstance(m.mlp.act, QuickGELU):
+                raise ValueError(f"FusedCvT.from_reference: {name}.mlp.act is {type(m.mlp.act).__name__}; "
+                                 "FusedCvT runs QuickGELU (what CvT's get_cls_model builds)")
+            if isinstance(m, nn.LayerNorm) and not isinstance(m, LayerNorm):
+                raise ValueError(f"FusedCvT.from_reference: {name} is a plain nn.LayerNorm; FusedCvT runs "
+                                 "CvT's LayerNorm (16-bit inputs in float32)")
+        in_chans = model.stage0.patch_embed.proj.weight.shape[1]
+        p = next(model.parameters())
+        with torch.device("meta"):  # no init work (and no RNG draws): the weights are loaded next
+            fused = cls(model.num_classes, in_chans, model.spec)
+        fused = fused.to_empty(device=p.device).to(dtype=p.dtype)
+        fused.load_state_dict(model.state_dict())
+        for a, b in zip(fused.modules(), model.modules()):
+            if isinstance(a, LayerNorm):
+                a.eps = b.eps
+        return fused.train(model.training)
+
+    # -- parameter layouts -----------------------------------------------------------------
+    def _to_kernel_layouts(self) -> None:
+        """The conv embeddings' weights in NHWC (KRSC) memory, as conv2d_fused reads them."""
+        for stage in self.stages():
+            w = stage.patch_embed.proj.weight
+            w.data = w.data.contiguous(memory_format=torch.channels_last)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._to_kernel_layouts()
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._to_kernel_layouts()
+        return result
+
+    # -- forward ---------------------------------------------------------------------------
+    def _check_input(self, x: torch.Tensor, autocast_dtype) -> None:
+        w = self.stage0.patch_embed.proj.weight
+        if x.dim() != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(f"FusedCvT: expected input (N, {self.in_chans}, H, W), got {tuple(x.shape)}")
+        if x.shape[0] == 0:
+            raise ValueError("FusedCvT: empty batch (N = 0)")
+        if x.shape[2] % 16 or x.shape[3] % 16 or x.shape[2] == 0 or x.shape[3] == 0:
+            raise ValueError(f"FusedCvT: input height and width must be positive multiples of 16, got "
+                             f"{x.shape[2]}x{x.shape[3]}")
+        if not x.is_floating_point():
+            raise ValueError(f"FusedCvT: input must be floating point, got {x.dtype}")
+        if x.device != w.device or (autocast_dtype is None and x.dtype != w.dtype):
+            raise ValueError(f"FusedCvT: input is {x.dtype} on {x.device} but the model is {w.dtype} on "
+                             f"{w.device}; convert one of them")
+
+    _autocast_dtype = staticmethod(FusedResNet._autocast_dtype)  # the dtype autocast asks for, or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x)
+
+    def kernel_report(self, x: torch.Tensor) -> list[tuple[str, tuple, str]]:
+        """(layer, output shape, kernel) of each conv2d_fused call in one forward on x: the
+        generated CUTLASS kernel (tile, alignment, split-K) the dispatcher picked, or "aten"
+        (CPU, float32/64, or a shape no kernel covers)."""
+        report: list = []
+        with torch.no_grad():
+            self._forward(x, report)
+        return report
+
+    def _forward(self, x: torch.Tensor, report: list | None = None) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"FusedCvT: input must be a tensor, got {type(x).__name__}")
+        autocast_dtype = self._autocast_dtype(x)
+        self._check_input(x, autocast_dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        cls_tokens = None
+        for i, stage in enumerate(self.stages()):
+            x, cls_tokens = self._stage(stage, x, autocast_dtype)
+            if report is not None:
+                report.append((f"stage{i}.patch_embed.proj", tuple(x.shape), conv2d_fused_last_kernel()))
+        if self.cls_token:
+            feat = layer_norm(cls_tokens, self.norm).squeeze(1)
+        else:
+            feat = layer_norm(x.flatten(2).transpose(1, 2), self.norm).mean(dim=1)
+        return self.head(feat)
+
+    def _stage(self, stage: VisionTransformer, x: torch.Tensor, autocast_dtype):
+        """x: (N, C, H, W) in NHWC memory -> (N, C', H', W') in NHWC memory, cls tokens."""
+        proj = stage.patch_embed.proj
+        weight = proj.weight
+        if autocast_dtype is not None:  # as autocast does for F.conv2d
+            x, weight = x.to(autocast_dtype), weight.to(autocast_dtype)
+        y = conv2d_fused(x, weight, bias=proj.bias, stride=list(proj.stride), padding=list(proj.padding))
+        n, c, h, w = y.shape
+        t = y.permute(0, 2, 3, 1).reshape(n, h * w, c)  # NHWC memory: a view
+        if stage.patch_embed.norm is not None:
+            t = layer_norm(t, stage.patch_embed.norm)
+        cls_tokens = None
+        if stage.cls_token is not None:
+            t = torch.cat((stage.cls_token.expand(n, -1, -1).to(t.dtype), t), dim=1)
+        t = stage.pos_drop(t)
+        for blk in stage.blocks:
+            t = self._block(blk, t, h, w)
+        if stage.cls_token is not None:
+            cls_tokens, t = torch.split(t, [1, h * w], 1)
+        return t.reshape(n, h, w, c).permute(0, 3, 1, 2), cls_tokens
+
+    def _block(self, blk: Block, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        x = x + blk.drop_path(self._attention(blk.attn, layer_norm(x, blk.norm1), h, w))
+        mlp = blk.mlp
+        y = mlp.drop(quick_gelu(F.linear(layer_norm(x, blk.norm2), mlp.fc1.weight, mlp.fc1.bias)))
+        y = mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
+        return x + blk.drop_path(y)
+
+    @staticmethod
+    def _dw_bn(proj: nn.Sequential, m: torch.Tensor) -> torch.Tensor:
+        """Depthwise conv + BatchNorm on an NHWC map (N, C, H, W) -> tokens (N, H'*W', C)."""
+        conv, bn = proj.conv, proj.bn
+        if bn.training or bn.running_mean is None:
+            y = bn(F.conv2d(m, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups))
+        else:  # eval: BatchNorm folded into the conv's weight and a bias
+            acc = torch.promote_types(conv.weight.dtype, torch.float32)
+            inv = bn.weight.to(acc) * torch.rsqrt(bn.running_var.to(acc) + bn.eps)
+            wt = (conv.weight.to(acc) * inv.view(-1, 1, 1, 1)).to(conv.weight.dtype)
+            bias = (bn.bias.to(acc) - bn.running_mean.to(acc) * inv).to(conv.weight.dtype)
+            y = F.conv2d(m, wt, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        return y.flatten(2).transpose(1, 2)
+
+    def _attention(self, attn, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        n, t, c = x.shape
+        if attn.with_cls_token:
+            cls_token, x = torch.split(x, [1, h * w], 1)
+        m = x.reshape(n, h, w, c).permute(0, 3, 1, 2)  # NHWC memory, NCHW view
+        q, k, v = (self._dw_bn(p, m) for p in (attn.conv_proj_q, attn.conv_proj_k, attn.conv_proj_v))
+        if attn.with_cls_token:
+            q, k, v = (torch.cat((cls_token.to(z.dtype), z), dim=1) for z in (q, k, v))
+        heads = attn.num_heads
+
+        def split(z, lin):
+            z = F.linear(z, lin.weight, lin.bias)
+            return z.reshape(n, z.shape[1], heads, z.shape[2] // heads).transpose(1, 2)
+
+        q, k, v = split(q, attn.proj_q), split(k, attn.proj_k), split(v, attn.proj_v)
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if self.training else 0.0,
+                                           scale=attn.scale)
+        o = o.transpose(1, 2).reshape(n, o.shape[2], attn.dim)
+        return attn.proj_drop(F.linear(o, attn.proj.weight, attn.proj.bias))
+
+
+__all__ = ["FusedCvT"]
