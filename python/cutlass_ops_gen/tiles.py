@@ -264,7 +264,8 @@ def _dtype_and_alignment(row: dict) -> tuple[str, int] | None:
     return ({"f16": "f16", "bf16": "bf16"}.get(activation), alignment) if activation else None
 
 
-_SM90_SCHEDULE_SUFFIX = re.compile(r"_\d+x\d+c_(?P<schedule>[a-z]+)_align\d+")
+# (family-90 dgrad names end in _unity_align8: a stride variant, not a schedule)
+_SM90_SCHEDULE_SUFFIX = re.compile(r"_\d+x\d+c_(?!unity_)(?P<schedule>[a-z]+)_(?:unity_)?align\d+")
 
 
 def _row_schedule(row: dict) -> str:
