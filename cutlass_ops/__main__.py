@@ -29,6 +29,8 @@ def cmd_info(args) -> int:
     info["cuda_kernels_built"] = cutlass_ops.cuda_kernels_built()
     info["conv2d_fused_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_fused_kernels(family))
                                     for family in (70, 80, 90)}
+    info["conv2d_backward_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_backward_kernels(family))
+                                       for family in (80, 90)}
     info["gpus_this_build_cannot_run"] = unsupported_gpus()
     print(json.dumps(info, indent=2))
     return 0
