@@ -2,7 +2,10 @@
 GPU, written to profiles/<gpu>/sm<family>.csv in the CUTLASS profiler's conv2d columns.
 With ``--backward``: every built dgrad/wgrad kernel (wgrad at several split-K slice
 counts) and cuDNN's dgrad/wgrad (Provider ``cudnn``) on FusedResNet's training convs; the
-generator's rules then run, per problem, the fastest of them, cuDNN included.
+generator's rules then run, per problem, the fastest of them, cuDNN included.  Family-90
+dgrad/wgrad kernels (a CUTLASS_OPS_SM90_BACKWARD=1 build, on sm90) are swept separately
+(``family=90``: wgrad at several batch-slice counts, no cuDNN rows) into sm90.csv; on sm90 the
+dispatcher compares their rules' times with sm80.csv's.
 
 The generator (python/cutlass_ops_gen/tiles.py) reads these files at the next build: it
 instantiates each problem's fastest tile and emits a dispatch rule for it.  Build with
