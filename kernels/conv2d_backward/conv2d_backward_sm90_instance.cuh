@@ -20,8 +20,12 @@
 //   wgrad  kWgrad: A = dy (tiled TMA over K x N*P*Q), B = x (im2col), D = dw in float32 (KRSC,
 //          not rounded), no-smem warp-specialized epilogue (as the unit tests).  GEMM M = K,
 //          N = C*R*S, K = N*P*Q: a few output tiles and a very long reduction.  CUTLASS 4.2's sm90
-//          conv has no split-K and no stream-K (ConvUniversal maps to the non-persistent GEMM
-//          kernel; its tile scheduler cannot split K), so parallelism comes from splitting the
+//          conv has no split-K and no stream-K: ConvUniversal maps to the non-persistent GEMM
+//          kernel (conv/kernel/sm90_implicit_gemm_tma_warpspecialized.hpp), whose scheduler must be
+//          void or PersistentScheduler (gemm/kernel/sm90_gemm_tma_warpspecialized.hpp:111: no
+//          StreamKScheduler), and the conv mainloop refuses the persistent schedules that the
+//          stream-K kernels need (conv/dispatch_policy.hpp:81; unchanged up to CUTLASS 4.7; the
+//          3.x testbed's stream-K/split-K cases are for sm100 kernels).  So parallelism comes from splitting the
 //          batch: a.split_k_slices = S slices of whole images, slice i a conv of its own
 //          images writing the float32 partial sums at output + i*K*R*S*C (the layout of family
 //          80's parallel split-K, which the caller's weight_grad_kernel sums), the S launches
