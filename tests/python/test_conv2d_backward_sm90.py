@@ -150,7 +150,7 @@ def test_wgrad_kernel(name, case, scale, split, forced):
         with pytest.raises(ValueError, match="cannot run this problem"):
             cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, s)
         return
-    poison_cuda_cache(64 * weight.numel() * 4 + (1 << 20))  # the float32 slices read NaN if unwritten
+    poison_cuda_cache((split or 64) * weight.numel() * 4 + (1 << 20))  # unwritten float32 slices read NaN
     dw, dscale = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, s)
     last = cutlass_ops.ops.conv2d_backward_last_kernel()
     m = re.fullmatch(re.escape(name) + r" \+ wgrad epilogue over (\d+) batch slice\(s\)", last)
