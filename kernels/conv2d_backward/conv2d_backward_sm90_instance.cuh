@@ -118,7 +118,8 @@ struct Sm90BackwardConv {
 namespace sm90 {
 
 // Most batch slices one wgrad call may ask for, and the side streams they are spread over
-// (per thread and device, created on first use and kept).
+// (per thread and device, created on first use and kept: never destroyed, so a thread that
+// exits leaves its 16 streams and 17 events behind).
 constexpr int kMaxWgradSlices = 64;
 constexpr int kSideStreams = 16;
 
