@@ -8,6 +8,11 @@ file(GLOB_RECURSE _gen_inputs CONFIGURE_DEPENDS
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_gen_inputs})
 
 string(REPLACE ";" "," _archs_csv "${CUTLASS_OPS_ARCH_LIST}")
+set(_gen_flags "")
+if(CUTLASS_OPS_SM90_BACKWARD)  # ON/1/TRUE: family-90 dgrad/wgrad (only with 90 in the archs)
+  list(APPEND _gen_flags --sm90-backward)
+  message(STATUS "cutlass_ops: CUTLASS_OPS_SM90_BACKWARD=${CUTLASS_OPS_SM90_BACKWARD}: family-90 dgrad/wgrad kernels")
+endif()
 message(STATUS "cutlass_ops: generating kernel set '${CUTLASS_OPS_KERNELS}'")
 execute_process(
   COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${CMAKE_SOURCE_DIR}/python:$ENV{PYTHONPATH}"

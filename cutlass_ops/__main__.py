@@ -29,6 +29,8 @@ def cmd_info(args) -> int:
     info["cuda_kernels_built"] = cutlass_ops.cuda_kernels_built()
     info["conv2d_fused_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_fused_kernels(family))
                                     for family in (70, 80, 90)}
+    info["conv2d_backward_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_backward_kernels(family))
+                                       for family in (80, 90)}
     info["gpus_this_build_cannot_run"] = unsupported_gpus()
     print(json.dumps(info, indent=2))
     return 0
@@ -208,7 +210,20 @@ def cmd_profile(args) -> int:
     families = kernel_families()
     family = args.family or (families[0] if families else 80)
     if args.backward:
-        family = 80  # dgrad/wgrad: family 80 and cuDNN
+        # dgrad/wgrad: family 80 and cuDNN into sm80.csv, then (sm90, a CUTLASS_OPS_SM90_BACKWARD=1
+        # build) family 90 into sm90.csv; --family picks one of them.
+        from .profiler import backward_families
+        built = backward_families()
+        backward = [args.family] if args.family else sorted(built)
+        if args.family and args.family not in built:
+            print(f"profile --backward: this build has no family-{args.family} dgrad/wgrad kernels this GPU "
+                  f"runs (it has {built or 'none'})", file=sys.stderr)
+            return 2
+        if args.out and len(backward) > 1:
+            print("profile --backward --out: pick one family with --family (80: sm80.csv rows, cuDNN's "
+                  "included; 90: sm90.csv rows)", file=sys.stderr)
+            return 2
+        family = backward[0] if backward else 80
     elif family not in families:
         print(f"profile: this build has no family-{family} conv2d_fused kernels this GPU runs "
               f"(it has {families or 'none'})", file=sys.stderr)
@@ -226,7 +241,11 @@ def cmd_profile(args) -> int:
         problems = resnet_problems(args.batch, args.in_channels, training=args.backward)
     if args.backward:
         from .profiler import sweep_backward
-        n = sweep_backward(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters)
+        n = 0
+        for fam in backward or [80]:
+            path = out if args.out else out.with_name(f"sm{fam}.csv")
+            n += sweep_backward(problems, path, _dtype(args.dtype or "fp16"), iters=args.iters, family=fam)
+            print(f"profile --backward: family {fam} rows in {path}")
     else:
         n = sweep(problems, out, _dtype(args.dtype or "fp16"), iters=args.iters, family=family)
     print(f"profile: wrote {n} rows to {out}; rebuild to use them (see README: Profiles)")
@@ -329,7 +348,9 @@ def main(argv=None) -> int:
     pr.add_argument("--input-shape", default="3,64,64", help="with --model: C,H,W of one input")
     pr.add_argument("--backward", action="store_true",
                     help="profile the dgrad/wgrad kernels and cuDNN's on the model's training convs "
-                         "instead of conv2d_fused (rows with conv_kind dgrad/wgrad in the same CSV)")
+                         "instead of conv2d_fused (rows with conv_kind dgrad/wgrad in the same CSV): family 80 "
+                         "and cuDNN into sm80.csv, and on sm90 in a CUTLASS_OPS_SM90_BACKWARD=1 build family 90 "
+                         "into sm90.csv (--family 80/90 for one of them)")
     pr.add_argument("--family", type=int, choices=[70, 80, 90], default=None,
                     help="conv2d_fused kernel family to time (default: the newest this GPU runs; on an "
                          "H100/H200 90, the CUTLASS 3.x sm90a kernels, into sm90.csv; run again with "

@@ -297,6 +297,17 @@ def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.T
                                               _pair(padding, "padding"), _as_tensor(scale, grad_output))
 
 
+def conv2d_backward_kernels(family: Optional[int] = None) -> list[str]:
+    """Names of the conv2d_dgrad/conv2d_wgrad kernels this build compiled (none in a CPU-only
+    build), in dispatch-table order; with ``family`` only that arch family's (80, or 90: the
+    Hopper-native sm_90a ones, built with CUTLASS_OPS_SM90_BACKWARD=1).  Any of them can be
+    forced with ``torch.ops.cutlass_ops.conv2d_backward_force_kernel(name, split_k)``."""
+    if not hasattr(torch.ops.cutlass_ops, "conv2d_backward_kernels"):  # registered by CUDA builds only
+        return []
+    names = list(torch.ops.cutlass_ops.conv2d_backward_kernels())
+    return names if family is None else [n for n in names if f"_sm{family}_" in n]
+
+
 def conv2d_backward_last_kernel() -> str:
     """The kernel the last conv2d_dgrad/conv2d_wgrad call on this thread ran ("aten": ATen)."""
     return torch.ops.cutlass_ops.conv2d_backward_last_kernel()

@@ -2,7 +2,10 @@
 GPU, written to profiles/<gpu>/sm<family>.csv in the CUTLASS profiler's conv2d columns.
 With ``--backward``: every built dgrad/wgrad kernel (wgrad at several split-K slice
 counts) and cuDNN's dgrad/wgrad (Provider ``cudnn``) on FusedResNet's training convs; the
-generator's rules then run, per problem, the fastest of them, cuDNN included.
+generator's rules then run, per problem, the fastest of them, cuDNN included.  Family-90
+dgrad/wgrad kernels (a CUTLASS_OPS_SM90_BACKWARD=1 build, on sm90) are swept separately
+(``family=90``: wgrad at several batch-slice counts, no cuDNN rows) into sm90.csv; on sm90 the
+dispatcher compares their rules' times with sm80.csv's.
 
 The generator (python/cutlass_ops_gen/tiles.py) reads these files at the next build: it
 instantiates each problem's fastest tile and emits a dispatch rule for it.  Build with
@@ -270,6 +273,21 @@ def _row(idx, p, k, dname, family, split, ms, disposition) -> dict:
 _BACKWARD_NAME = re.compile(
     r"cutlass_ops_conv2d_(?P<kind>dgrad|wgrad)_(?P<dtype>b?f16)_sm(?P<family>\d+)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
     r"_(?P<stages>\d+)s_(?P<wm>\d+)x(?P<wn>\d+)w_(?P<it>[oa])(?:_(?P<variant>unity|strided))?_align(?P<align>\d+)$")
+# Family 90 (CUTLASS 3.x, built with CUTLASS_OPS_SM90_BACKWARD=1): tile, stages, cluster; dgrad is
+# unity-stride only (_unity).
+_BACKWARD_NAME90 = re.compile(
+    r"cutlass_ops_conv2d_(?P<kind>dgrad|wgrad)_(?P<dtype>b?f16)_sm(?P<family>90)_(?P<m>\d+)x(?P<n>\d+)x(?P<k>\d+)"
+    r"_(?P<stages>\d+|auto)s_(?P<cm>\d+)x(?P<cn>\d+)c(?:_(?P<variant>unity))?_align(?P<align>\d+)$")
+
+
+def backward_families() -> list[int]:
+    """The dgrad/wgrad kernel families in this build that this GPU runs (90 only on sm90 and
+    only in a CUTLASS_OPS_SM90_BACKWARD=1 build), newest first."""
+    cc = torch.cuda.get_device_capability()
+    built = {int(m["family"]) for m in map(lambda n: _BACKWARD_NAME.match(n) or _BACKWARD_NAME90.match(n),
+                                            torch.ops.cutlass_ops.conv2d_backward_kernels()) if m}
+    runs = {90, 80} if cc == (9, 0) else {80} if cc >= (8, 0) else set()
+    return sorted(built & runs, reverse=True)
 
 
 class _Cudnn:
@@ -295,6 +313,19 @@ def wgrad_split_candidates(p: dict, k, num_sms: int) -> list[int]:
     return splits or [1]
 
 
+def sm90_wgrad_slice_candidates(p: dict, k, num_sms: int) -> list[int]:
+    """Batch slices worth timing for a family-90 wgrad kernel (CUTLASS 4.2's sm90 conv cannot
+    split K; the instance runs one conv per slice of whole images, concurrently): powers of two
+    up to min(N, 64) that keep >= 16 K-iterations per slice and launch <= 4 CTAs per SM."""
+    pq = [(d + 2 * p["pad"] - f) // p["stride"] + 1 for d, f in ((p["h"], p["r"]), (p["w"], p["s"]))]
+    tm, tn, tk = int(k["m"]), int(k["n"]), int(k["k"])
+    tiles = -(-p["k"] // tm) * -(-p["c"] * p["r"] * p["s"] // tn)
+    k_iterations = -(-p["n"] * pq[0] * pq[1] // tk)
+    splits = [s for s in (1, 2, 4, 8, 16, 32, 64)
+              if s <= min(p["n"], 64) and k_iterations >= 16 * s and tiles * s <= 4 * num_sms]
+    return splits or [1]
+
+
 def _backward_done(path: Path) -> set:
     if not path.exists():
         return set()
@@ -306,15 +337,17 @@ def _backward_done(path: Path) -> set:
 
 
 def sweep_backward(problems: list[dict], out: Path, dtype=torch.float16, iters: int = 20,
-                   progress=lambda msg: print(msg, file=sys.stderr, flush=True)) -> int:
-    """Measures every built dgrad/wgrad kernel of `dtype`, and cuDNN's, on each problem;
-    appends rows (conv_kind dgrad/wgrad) to `out`; returns rows written."""
+                   progress=lambda msg: print(msg, file=sys.stderr, flush=True), family: int = 80) -> int:
+    """Measures every built dgrad/wgrad kernel of `dtype` and `family` on each problem, and with
+    family 80 cuDNN's too (family 90's rules compete with sm80.csv's, cuDNN's included, by
+    their times); appends rows (conv_kind dgrad/wgrad) to `out`; returns rows written."""
     from .ops import conv2d_dgrad, conv2d_wgrad
     dname = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
-    kernels = [m for m in map(_BACKWARD_NAME.match, torch.ops.cutlass_ops.conv2d_backward_kernels())
-               if m and m["dtype"] == dname and int(m["family"]) == 80]
+    name = _BACKWARD_NAME90 if family == 90 else _BACKWARD_NAME
+    kernels = [m for m in map(name.match, torch.ops.cutlass_ops.conv2d_backward_kernels())
+               if m and m["dtype"] == dname and int(m["family"]) == family]
     if not kernels:
-        raise RuntimeError(f"no {dname} dgrad/wgrad kernels in this build")
+        raise RuntimeError(f"no {dname} family-{family} dgrad/wgrad kernels in this build")
     done = _backward_done(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     new_file = not out.exists()
@@ -325,18 +358,23 @@ def sweep_backward(problems: list[dict], out: Path, dtype=torch.float16, iters: 
         if p["c"] % 8 or p["k"] % 8:
             continue
         for kind in ("dgrad", "wgrad"):
-            for k in [m for m in kernels if m["kind"] == kind] + [_Cudnn(kind)]:
+            cudnn = [_Cudnn(kind)] if family == 80 else []
+            for k in [m for m in kernels if m["kind"] == kind] + cudnn:
+                # family 90's dgrad is unity-stride only; family 80 has strided kernels too
                 if kind == "dgrad" and k.string != "cudnn" and p["stride"] > 1 and k["variant"] != "strided":
                     continue
-                splits = wgrad_split_candidates(p, k, sms) if kind == "wgrad" and k.string != "cudnn" else [1]
+                if kind == "wgrad" and k.string != "cudnn":
+                    splits = (sm90_wgrad_slice_candidates if family == 90 else wgrad_split_candidates)(p, k, sms)
+                else:
+                    splits = [1]
                 jobs += [(p, kind, k, split) for split in splits
                          if (kind, k.string, split) + _problem_key(p) not in done]
-    progress(f"profile --backward: {len(jobs)} measurements ({len(problems)} problems, {len(kernels)} kernels "
-             f"+ cuDNN, {len(done)} already in {out})")
+    progress(f"profile --backward: {len(jobs)} measurements ({len(problems)} problems, {len(kernels)} family-{family} "
+             f"kernels{' + cuDNN' if family == 80 else ''}, {len(done)} already in {out})")
     written, start = 0, time.time()
     with open(out, "a", newline="") as f:
         if new_file:
-            f.write(f"# cutlass_ops profile: {env.get('gpu')} (sm{env.get('sm')}), kernel family sm80, "
+            f.write(f"# cutlass_ops profile: {env.get('gpu')} (sm{env.get('sm')}), kernel family sm{family}, "
                     f"driver {_driver()}, CUDA {env['cuda']}, torch {env['torch']}, cuDNN {env.get('cudnn')}, "
                     f"{env['time']}\n")
         writer = csv.DictWriter(f, COLUMNS)
@@ -362,7 +400,8 @@ def sweep_backward(problems: list[dict], out: Path, dtype=torch.float16, iters: 
                 err = ((got.float() - ref).norm() / ref.norm()).item()
                 ok = err < (5e-3 if dtype == torch.float16 else 3e-2)
                 ms = _time_ms(fn, iters) if ok else float("nan")
-                row = _row(len(done) + i, p, k, dname, 80, split, ms, "passed" if ok else "incorrect")
+                row = _row(len(done) + i, p, k, dname, family if k.string != "cudnn" else 80, split, ms,
+                           "passed" if ok else "incorrect")
                 row.update(conv_kind=kind, split_k_mode="parallel" if split > 1 else "serial",
                            Provider="cudnn" if k.string == "cudnn" else "cutlass_ops")
                 writer.writerow(row)

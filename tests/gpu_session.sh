@@ -13,6 +13,10 @@
 # (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
 # CvT (issue 20): cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
 # step), train-check-cvt.
+# The family-90 dgrad/wgrad kernels (build them with CUTLASS_OPS_SM90_BACKWARD=1 in the environment
+# of this script): sm90-backward-tests (test_conv2d_backward_sm90.py, then test_conv2d_backward.py
+# under the same build), profile90-backward (profile --backward --family 90 into
+# profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it).
 # Results merge into $OUT/train.json and $OUT/resnet.json (+ .png).  Between calls on
 # different machines, copy the returned files into ./gpu_carry/ and carry it: the JSONs
 # merge on, and inductor_cache.tgz (torch.compile's FX-graph and autotune caches) lets the
@@ -82,6 +86,23 @@ for step in ${STEPS:-}; do
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
          "$REPO/tests/python/test_conv2d_fused_sm90.py" > "$OUT/sm90_tests.log" 2>&1)
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sm90_tests.log" | tail -15
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    sm90-backward-tests)  # the family-90 dgrad/wgrad kernels against float64 (forced one by one), then family 80's tests
+      (cd /tmp && "$PYTHON" -P -c 'import cutlass_ops; n = cutlass_ops.ops.conv2d_backward_kernels(90); print(len(n), "family-90 dgrad/wgrad kernels"); assert n, "build with CUTLASS_OPS_SM90_BACKWARD=1"') \
+        || { echo "$step: no family-90 dgrad/wgrad kernels in this build (CUTLASS_OPS_SM90_BACKWARD=1)"; continue; }
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider --maxfail=50 -rs \
+         "$REPO/tests/python/test_conv2d_backward_sm90.py" "$REPO/tests/python/test_conv2d_backward.py" \
+         > "$OUT/sm90_backward_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR|SKIPPED" "$OUT/sm90_backward_tests.log" | tail -15
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    profile90-backward)  # family-90 dgrad/wgrad on FusedResNet's training convs -> sm90.csv, then rebuild
+      gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops profile --backward --family 90 --profiles "$REPO/profiles" \
+         ${PROFILE_ARGS:---batch 512 2048} 2> "$OUT/profile90_backward.log" | tail -2) || echo "$step: stopped (rc $?)"
+      cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null
+      CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q --no-build-isolation --no-deps . -Cbuild-dir=build-session \
+        > /tmp/gpu_session_build.log 2>&1 || { tail -30 /tmp/gpu_session_build.log; exit 1; }
+      grep -o "cutlass_ops_gen: .*profile rules.*" /tmp/gpu_session_build.log
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     profile90)  # the family-90 kernels on FusedResNet's convs -> profiles/<gpu>/sm90.csv, then rebuild with it
       gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')

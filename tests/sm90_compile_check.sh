@@ -10,6 +10,8 @@
 #   usage: PYTHON=/path/to/python tests/sm90_compile_check.sh
 #   SM90_ONLY=REGEX compiles only the instances whose name matches (e.g. SM90_ONLY='_coop_|_pp_'
 #   for the persistent ones); JOBS=N compiles N at a time (default 1).
+#   SM90_BACKWARD=1 generates with --sm90-backward, adding the family-90 conv2d_dgrad/conv2d_wgrad
+#   instances (e.g. SM90_BACKWARD=1 SM90_ONLY='dgrad|wgrad' for those alone).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -19,33 +21,40 @@ NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 KERNELS=${SM90_KERNELS:-ci}
 ONLY=${SM90_ONLY:-}
 JOBS=${JOBS:-1}
+GEN_FLAGS=()
+[ "${SM90_BACKWARD:-0}" = 1 ] && GEN_FLAGS+=(--sm90-backward)
 "$NVCC" --version | grep release
 
 CUTLASS=$("$PYTHON" -c 'import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))')/source
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" --out "$OUT/gen" \
+PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_gen --archs 90 --kernels "$KERNELS" ${GEN_FLAGS[@]+"${GEN_FLAGS[@]}"} --out "$OUT/gen" \
   > "$OUT/gen.log" 2>&1 || { cat "$OUT/gen.log" >&2; exit 1; }
 tail -n 1 "$OUT/gen.log"
 
 shopt -s nullglob
 compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $OUT/$name.log
-  local cu=$1 name start usage smem
+  local cu=$1 name start usage smem ns entry
   name=$(basename "$cu" .cu)
   start=$SECONDS
+  # conv2d_fused instances launch conv2d_fused_sm90_kernel; dgrad/wgrad cutlass::device_kernel.
+  case "$name" in
+    cutlass_ops_conv2d_dgrad_*|cutlass_ops_conv2d_wgrad_*) ns=conv2d_backward entry="device_kernel" ;;
+    *) ns=conv2d_fused entry="conv2d_fused_sm90_kernel" ;;
+  esac
   # The instance plus a deprecated function template instantiated with the kernel's shared
   # memory size: its warning prints the number (the object code is the instance's).
   {
     echo "#include \"$cu\""
     echo "template <int N> [[deprecated]] constexpr int smem_bytes() { return N; }"
     echo "static int const kSmemBytes ="
-    echo "    smem_bytes<cutlass_ops::conv2d_fused::${name}_base::Kernel::SharedStorageSize>();"
+    echo "    smem_bytes<cutlass_ops::${ns}::${name}_base::Kernel::SharedStorageSize>();"
   } > "$OUT/$name.check.cu"
   # The flags of CMakeLists.txt's family-90 object library (cmake/CudaArchs.cmake).
   if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
        -Xptxas -v -I"$CUTLASS/include" -I"$CUTLASS/tools/util/include" -I"$REPO/kernels" \
        -c "$OUT/$name.check.cu" -o "$OUT/$name.o" > "$OUT/$name.log" 2>&1; then
-    usage=$(grep -A3 "Compiling entry function '.*conv2d_fused_sm90_kernel" "$OUT/$name.log" |
+    usage=$(grep -A3 "Compiling entry function '.*$entry" "$OUT/$name.log" |
             grep -E -o "[0-9]+ bytes spill stores|Used [0-9]+ registers" | paste -sd, - || true)
     smem=$(grep -o "with int N = [0-9]*" "$OUT/$name.log" | head -1 | grep -o "[0-9][0-9]*$" || true)
     if grep -q "C75[0-9][0-9]" "$OUT/$name.log"; then

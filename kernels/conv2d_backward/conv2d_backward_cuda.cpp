@@ -52,7 +52,7 @@ Plan plan_for(Conv2dBackwardArgs const& a, int dev) {
     return p;
   }
   Plan p = plan(a, compute_capability(dev), multiprocessor_count(dev),
-                forced.kernel.empty() ? nullptr : forced.kernel.c_str(), forced.split_k);
+                forced.kernel.empty() ? nullptr : forced.kernel.c_str(), forced.split_k, sm90_policy_from_env());
   TORCH_CHECK_VALUE(p.kernel != nullptr || forced.kernel.empty(), "conv2d_backward: the forced kernel ",
                     forced.kernel, " cannot run this problem: ", p.why_not);
   return p;
@@ -179,7 +179,9 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
   if (p.kernel == nullptr) {
     last_kernel_slot() = (p.prefer_cudnn ? cudnn_label(p) : std::string("aten")) + " + wgrad epilogue";
   } else {
-    last_kernel_slot() += " + wgrad epilogue over " + std::to_string(slices) + " split-K slice(s)";
+    // family 90 splits the batch (concurrent launches), family 80 runs parallel split-K
+    last_kernel_slot() += " + wgrad epilogue over " + std::to_string(slices) +
+                          (p.kernel->family == 90 ? " batch slice(s)" : " split-K slice(s)");
   }
   // (K, R, S, C) memory is (K, C, R, S) channels_last.
   return {dw.permute({0, 3, 1, 2}), dot};

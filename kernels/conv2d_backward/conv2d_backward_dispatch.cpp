@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -51,15 +52,82 @@ int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int 
   return slices < 2 ? 1 : static_cast<int>(slices);
 }
 
-ProfileRule const* profile_rule(Conv2dBackwardArgs const& a) {
+int sm90_wgrad_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num_sms) {
+  // CUTLASS 4.2's sm90 conv cannot split K: the instance splits the batch into slices of whole
+  // images, one launch each, concurrently on side streams (conv2d_backward_sm90_instance.cuh).
+  // About two CTAs per SM in all (these tiles' 4-stage shared memory allows two), >= 16
+  // K-iterations per slice, at most one slice per image and 64 slices.
+  Gemm g = gemm_of(a);
+  long long output_tiles = tiles(g, e);
+  long long k_iterations = (g.k + e.tile_k - 1) / e.tile_k;
+  long long slices = std::min<long long>({(2LL * num_sms + output_tiles - 1) / output_tiles, k_iterations / 16,
+                                          static_cast<long long>(a.N), 64});
+  return slices < 2 ? 1 : static_cast<int>(slices);
+}
+
+ProfileRule const* profile_rule(Conv2dBackwardArgs const& a, int family) {
   long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
   return nearest_rule(kProfileRules, kNumProfileRules, gemm_m, [&](ProfileRule const& r) {
-    return r.kernel >= -1 && r.kind == a.kind && r.dtype == a.dtype && r.C == a.C && r.K == a.K && r.R == a.R &&
-           r.S == a.S && r.stride == a.stride_h && a.stride_h == a.stride_w;
+    return r.kernel >= -1 && r.family == family && r.kind == a.kind && r.dtype == a.dtype && r.C == a.C &&
+           r.K == a.K && r.R == a.R && r.S == a.S && r.stride == a.stride_h && a.stride_h == a.stride_w;
   });
 }
 
-Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, int forced_split_k) {
+Sm90Policy sm90_policy_from_env() {
+  char const* v = std::getenv("CUTLASS_OPS_SM90");
+  if (v == nullptr || *v == '\0') return Sm90Policy::kProfiled;
+  if (std::strcmp(v, "0") == 0) return Sm90Policy::kOff;
+  if (std::strcmp(v, "1") == 0) return Sm90Policy::kFirst;
+  return Sm90Policy::kProfiled;
+}
+
+namespace {
+
+// The family-90 part of plan(): the first family-90 kernel that can run `a`, or null (why in
+// `why_not`).  `rule` (its profile's, or null) puts the measured winner first.
+KernelEntry const* plan_sm90(Conv2dBackwardArgs const& a, int num_sms, char const* only, int forced_split_k,
+                             ProfileRule const* rule, int& slices_out, std::string& why_not) {
+  Gemm g = gemm_of(a);
+  std::vector<Candidate> candidates;
+  for (int i = 0; i < kNumKernels; ++i) {
+    KernelEntry const& e = kKernels[i];
+    if (e.run == nullptr || e.kind != a.kind || e.family != 90 || e.dtype != a.dtype || e.alignment != 8) continue;
+    if (only != nullptr && std::strcmp(only, e.name) != 0) continue;
+    int slices = a.kind == ConvKind::kDgrad ? 1
+                 : forced_split_k > 0     ? forced_split_k
+                                          : sm90_wgrad_slices(a, e, num_sms);
+    candidates.push_back({&e, tiles(g, e) * slices, slices});
+  }
+  order_by_occupancy(candidates, num_sms, g.m, g.n);
+  if (rule != nullptr && rule->kernel >= 0) {
+    auto first = std::find_if(candidates.begin(), candidates.end(),
+                              [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
+    if (first != candidates.end()) {
+      if (a.kind == ConvKind::kWgrad && forced_split_k == 0) {  // the measured slices, scaled by M, <= N
+        double m_ratio = double(g.k) / double(rule->gemm_m);
+        long long slices = std::llround(rule->split_k * m_ratio);
+        first->split_k_slices = static_cast<int>(std::max<long long>(1, std::min<long long>({slices, 64, a.N})));
+      }
+      std::rotate(candidates.begin(), first, first + 1);
+    }
+  }
+  for (Candidate const& c : candidates) {
+    Conv2dBackwardArgs args = a;
+    args.split_k_slices = c.split_k_slices;
+    cutlass::Status status = c.entry->run(args, nullptr, /*query=*/true);
+    if (status == cutlass::Status::kSuccess) {
+      slices_out = c.split_k_slices;
+      return c.entry;
+    }
+    why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, int forced_split_k,
+          Sm90Policy policy) {
   Plan result;
   if (cc < 80) {
     result.why_not = "no dgrad/wgrad kernels for sm" + std::to_string(cc) + " (they need sm80+)";
@@ -70,6 +138,25 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
       !aligned16(a.output)) {
     result.why_not = "the kernels need channel counts that are multiples of 8 and 16-byte aligned tensors";
     return result;
+  }
+  // Family 90 (sm_90a code: sm90 only): forced by name, or where the policy and the profile
+  // say so; if none of its kernels can run the problem, the family-80 plan below.
+  if (cc == 90 && (only != nullptr || policy != Sm90Policy::kOff)) {
+    ProfileRule const* rule90 = only == nullptr ? profile_rule(a, 90) : nullptr;
+    ProfileRule const* rule80 = only == nullptr ? profile_rule(a, 80) : nullptr;
+    bool const try90 = only != nullptr || policy == Sm90Policy::kFirst ||
+                       (rule90 != nullptr && rule90->kernel >= 0 &&
+                        (rule80 == nullptr || rule90->runtime_ms < rule80->runtime_ms));
+    if (try90) {
+      int slices = 1;
+      KernelEntry const* e = plan_sm90(a, num_sms, only, forced_split_k, rule90, slices, result.why_not);
+      if (e != nullptr) {
+        result.kernel = e;
+        result.split_k_slices = slices;
+        result.why_not.clear();
+        return result;
+      }
+    }
   }
   bool unit_stride = a.stride_h == 1 && a.stride_w == 1;
   Gemm g = gemm_of(a);
@@ -90,7 +177,7 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
   order_by_occupancy(strided, num_sms, g.m, g.n);
   std::vector<Candidate> candidates = unity;
   candidates.insert(candidates.end(), strided.begin(), strided.end());
-  ProfileRule const* rule = only == nullptr ? profile_rule(a) : nullptr;
+  ProfileRule const* rule = only == nullptr ? profile_rule(a, 80) : nullptr;
   if (rule != nullptr && rule->kernel == -1) {
     result.prefer_cudnn = true;
     result.why_not = "the profile measured cuDNN faster on this problem";
@@ -119,7 +206,11 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
     }
     result.why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
   }
-  if (result.why_not.empty()) result.why_not = "no dgrad/wgrad kernel built for this dtype";
+  if (result.why_not.empty()) {
+    result.why_not = only != nullptr ? std::string("no kernel named ") + only +
+                                           " for this kind and dtype here (a family-90 kernel runs on sm90 only)"
+                                     : "no dgrad/wgrad kernel built for this dtype";
+  }
   return result;
 }
 

@@ -18,10 +18,11 @@ using KernelFn = cutlass::Status (*)(Conv2dBackwardArgs const&, cudaStream_t, bo
 struct KernelEntry {
   char const* name;
   ConvKind kind;
-  int family;            // CUTLASS arch tag the kernel is written for (80)
+  int family;            // CUTLASS arch tag the kernel is written for: 80, or 90 (sm_90a, CUTLASS 3.x;
+                         // built with CUTLASS_OPS_SM90_BACKWARD=1)
   DType dtype;
   int alignment;         // channel alignment in elements (C and K)
-  bool strided_dgrad;    // dgrad: the strided kernel (any stride); else unity stride only
+  bool strided_dgrad;    // dgrad: the strided kernel (any stride); else unity stride only (family 90: always)
   int tile_m, tile_n, tile_k, stages;
   KernelFn run;
 };
@@ -32,14 +33,18 @@ extern const int kNumKernels;
 // A measured winner (profiles/, `python -m cutlass_ops profile --backward`): for this
 // problem class kKernels[kernel] with `split_k` slices was fastest at M = gemm_m (N*P*Q),
 // or, with kernel == -1, cuDNN was (the op then takes its ATen path).  Profiled at the op
-// level: a wgrad row includes the epilogue pass over its slices.
+// level: a wgrad row includes the epilogue pass over its slices.  `family` is the profile's
+// (sm80.csv: family 80 and cuDNN; sm90.csv: family 90): on sm90 the two families' rules for
+// a problem compete by runtime_ms.
 struct ProfileRule {
   ConvKind kind;
   DType dtype;
   int C, K, R, S, stride;
   long long gemm_m;
   int kernel;   // index into kKernels; -1: cuDNN; -2 in an empty table
-  int split_k;
+  int split_k;  // wgrad: parallel split-K slices (family 90: batch slices)
+  int family;
+  double runtime_ms;
 };
 
 extern const ProfileRule kProfileRules[];
@@ -52,16 +57,30 @@ struct Plan {
   std::string why_not;                  // when kernel is null
 };
 
-// The profile rule for `a` (same kind, dtype and class, nearest M on a log scale), or null.
-ProfileRule const* profile_rule(Conv2dBackwardArgs const& a);
+// The profile rule for `a` from `family`'s profile (same kind, dtype and class, nearest M on a
+// log scale), or null.
+ProfileRule const* profile_rule(Conv2dBackwardArgs const& a, int family = 80);
+
+// Whether family 90 may run on this call's device (CUTLASS_OPS_SM90, read per call, as for
+// conv2d_fused): kOff ("0"): never; kFirst ("1"): first wherever it can run; kProfiled
+// (unset, default): where its profile rule (sm90.csv) is faster than family 80's or cuDNN's
+// (sm80.csv) for the problem, never without one.
+enum class Sm90Policy { kOff, kFirst, kProfiled };
+Sm90Policy sm90_policy_from_env();
 
 // The kernel (and for wgrad the split-K slices) for `a` on a device of compute capability
 // `cc` with `num_sms` multiprocessors.  Pointers must be set or null (their alignment
 // counts); a.split_k_slices is ignored.  The profile rule's kernel (and split, scaled by
 // M for wgrad) first, then the rest by occupancy.  `only` (the profiler's forced kernel)
-// restricts the choice to the entry of that name (rules ignored), and `forced_split_k` > 0
-// fixes wgrad's slices.
-Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only = nullptr, int forced_split_k = 0);
+// restricts the choice to the entry of that name (rules ignored; a family-90 kernel runs only
+// on sm90), and `forced_split_k` > 0 fixes wgrad's slices.  On sm90 (cc == 90) the family-90
+// kernels of a build with them go first where `policy` says so (see Sm90Policy), then the
+// family-80 plan as without them.
+Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only = nullptr, int forced_split_k = 0,
+          Sm90Policy policy = Sm90Policy::kProfiled);
+
+// Family-90 wgrad: batch slices for tile `e` (1..min(N, 64)), see the .cpp.
+int sm90_wgrad_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num_sms);
 
 // Parallel split-K slices for wgrad with tile `e` (1 = no split), see the .cpp.
 int wgrad_split_k_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num_sms);

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="SM archs to build for, e.g. '80;86;90' (70 = Volta; 90 adds the sm_90a kernels)")
     p.add_argument("--kernels", choices=KERNEL_SETS, default="all",
                    help="kernel set: all (release), ci (small, for CI builds) or sweep (all + the profiler's candidate tiles)")
+    p.add_argument("--sm90-backward", action="store_true",
+                   help="with 90 in --archs, also emit the family-90 (sm_90a) conv2d_dgrad/conv2d_wgrad "
+                        "kernels (CMake: CUTLASS_OPS_SM90_BACKWARD=1; off by default: not yet run on a GPU)")
     p.add_argument("--profiles", type=Path, default=None,
                    help="profiles/ folder with measured tile winners (default tiles without it)")
     p.add_argument("--out", type=Path, required=True, help="output folder (in the build tree)")
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from .emitter import dgrad_variants, emit_backward_dispatch_table, emit_dispatch_table, emit_instance
 
     instances, texts, rules = [], {}, []
-    for key in instance_keys(args.archs, args.kernels):
+    for key in instance_keys(args.archs, args.kernels, args.sm90_backward):
         tiles, key_rules, origin = select_tiles(key, args.profiles)
         if args.kernels == "ci":  # one default tile per key, whatever the profiles say
             tiles, key_rules, origin = ci_tiles(key), [], "default"

@@ -6,8 +6,11 @@ An *arch family* is the CUTLASS architecture tag the kernels are written for.  F
 is compiled for sm70..sm75 (Turing runs the Volta mma too); sm70 needs a CUDA 11.8/12.x
 toolkit (CUDA 13 dropped sm70/sm72).  Family 90 (Hopper: CUTLASS 3.x, TMA im2col + wgmma,
 warp-specialized) is built when the archs contain 90, for sm_90a only (its code runs on
-sm90 and nothing else); on sm90 the dispatcher tries it first, then family 80.  It has
-conv2d_fused only, fp16/bf16 at alignment 8 (TMA needs 16-byte aligned channels).
+sm90 and nothing else); on sm90 the dispatcher tries it where the profile measured it faster,
+then family 80.  It has conv2d_fused, fp16/bf16 at alignment 8 (TMA needs 16-byte aligned
+channels), and with ``sm90_backward`` (CMake CUTLASS_OPS_SM90_BACKWARD=1, the generator's
+--sm90-backward; off by default: compile-checked, not yet run on a GPU) conv2d_dgrad and
+conv2d_wgrad too.
 
 Kernel sets:
   ``all`` - every dtype and alignment, the default tiles (or the profiled winners).
@@ -18,8 +21,8 @@ Kernel sets:
 Family 70 has fp16 only (Volta has no bf16 tensor cores) and alignment 8 only.
 
 The conv backward families (conv2d_dgrad, conv2d_wgrad; the training path) are built for
-family 80 at alignment 8 only, in every kernel set; other shapes and GPUs take the ATen
-(cuDNN) composite.
+family 80 at alignment 8 only, in every kernel set, and for family 90 (alignment 8) only with
+``sm90_backward``; other shapes and GPUs take the ATen (cuDNN) composite.
 """
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ CONV2D_DGRAD = OpFamily(
     conv_kind="dgrad",
     epilogue="cutlass::epilogue::thread::LinearCombination",
     doc="implicit-GEMM conv2d dgrad, NHWC, dx = scale * dgrad(dy, w)",
-    families=(80,),
+    families=(80, 90),  # family 90 only with sm90_backward
     alignments=(8,),
 )
 
@@ -85,7 +88,7 @@ CONV2D_WGRAD = OpFamily(
     conv_kind="wgrad",
     epilogue="cutlass::epilogue::thread::LinearCombination",
     doc="implicit-GEMM conv2d wgrad, NHWC, float32 dw (one partial sum per split-K slice)",
-    families=(80,),
+    families=(80, 90),  # family 90 only with sm90_backward
     alignments=(8,),
 )
 
@@ -102,7 +105,9 @@ class InstanceKey:
     alignment: int
 
 
-def instance_keys(archs: list[int], kernel_set: str) -> list[InstanceKey]:
+def instance_keys(archs: list[int], kernel_set: str, sm90_backward: bool = False) -> list[InstanceKey]:
+    """The keys a build instantiates.  ``sm90_backward`` adds family 90's conv2d_dgrad and
+    conv2d_wgrad (only when the archs contain 90)."""
     if kernel_set not in KERNEL_SETS:
         raise ValueError(f"unknown kernel set {kernel_set!r}; choose one of {KERNEL_SETS}")
     keys = []
@@ -118,6 +123,8 @@ def instance_keys(archs: list[int], kernel_set: str) -> list[InstanceKey]:
             alignments = (8, 1) if kernel_set == "ci" else ALIGNMENTS
         for op in OP_FAMILIES:
             if op.families is not None and family not in op.families:
+                continue
+            if family == 90 and op.conv_kind != "fprop" and not sm90_backward:
                 continue
             for dtype in dtypes:
                 for alignment in op.alignments or alignments:

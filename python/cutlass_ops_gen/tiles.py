@@ -14,6 +14,9 @@ Backward (family 80, alignment 8):
   conv2d_dgrad : the fprop defaults, each as a unity-stride and a strided kernel
   conv2d_wgrad : 128x128x32 3-stage and 64x128x32 4-stage (GEMM M = K = 64..512 output
                  channels; parallel split-K over N*P*Q supplies the threadblocks)
+Backward (family 90, alignment 8; built only with --sm90-backward): SM90_DGRAD_TILES and
+SM90_WGRAD_TILES below (stock CUTLASS 3.x kernels; dgrad unity stride only, wgrad split over
+batch slices).
 
 A profile is a CSV in the CUTLASS profiler's conv2d column layout (profiles/README.md):
 ours (``python -m cutlass_ops profile``) or a real ``cutlass_profiler`` conv2d output.
@@ -28,7 +31,8 @@ rule's tile and split for a problem with the same (c, k, r, s, stride) and the n
 (log scale).  Family-90 profiles (profiles/<gpu>/sm90.csv) are read the same way; their rows
 need no warps columns, take the cluster from cluster_m/cluster_n (1 when absent), the kernel
 schedule (persistent coop / pp) from a ``schedule`` column or the Operation name, and never
-split K (the 3.x conv kernel has no split-K).
+split K (the 3.x conv kernel has no split-K) except family-90 wgrad rows, whose parallel
+"split-K slices" are batch slices (one launch per slice, concurrently).
 """
 from __future__ import annotations
 
@@ -122,6 +126,27 @@ SM90_TILES = SM90_STOCK_TILES + SM90_PERSISTENT_TILES
 SM90_CI_TILES = [SM90_STOCK_TILES[0], SM90_PERSISTENT_TILES[0]]
 
 
+# Family-90 backward (built only with --sm90-backward; compile-checked, not yet run on a GPU).
+# CUTLASS 4.2's unit tests run its sm90 dgrad and wgrad at 64x64x64 and 128x64x64 (clusters
+# 1x1, 1x2, 2x1, 2x2; automatic stages); its library generator adds 64x128 / 128x128 / 128x256.
+# Ours, for FusedResNet's C, K = 64..512, fixed 4 stages (the automatic count fills shared
+# memory: one CTA per SM), cluster 1x1:
+#   dgrad (GEMM M = N*H*W, N = C, K = K*R*S; like fprop, whose stock winners were 128x64 and
+#   128x128): 128x64 (C = 64), 128x128 (C >= 128), 64x64 (small maps, few CTAs).
+#   wgrad (GEMM M = K, N = C*R*S, K = N*P*Q): 128x64 and 64x64 (the unit tests' tiles; 64x64 for
+#   K = 64) and 128x128 (K >= 128).  Batch slices, not the tile, supply most of the CTAs.
+SM90_DGRAD_TILES = [
+    Sm90Tile((128, 64, 64), (1, 1, 1), 4),
+    Sm90Tile((128, 128, 64), (1, 1, 1), 4),
+    Sm90Tile((64, 64, 64), (1, 1, 1), 4),
+]
+SM90_WGRAD_TILES = [
+    Sm90Tile((128, 64, 64), (1, 1, 1), 4),
+    Sm90Tile((64, 64, 64), (1, 1, 1), 4),
+    Sm90Tile((128, 128, 64), (1, 1, 1), 4),
+]
+
+
 @dataclass(frozen=True)
 class Problem:
     """A conv problem class as profiles and rules see it."""
@@ -144,9 +169,10 @@ class Rule:
 
 def default_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
     """The tiles built without a profile."""
+    kind = OP_FAMILY[key.op].conv_kind
     if key.family == 90:
-        return list(SM90_TILES)
-    if OP_FAMILY[key.op].conv_kind == "wgrad":
+        return list({"fprop": SM90_TILES, "dgrad": SM90_DGRAD_TILES, "wgrad": SM90_WGRAD_TILES}[kind])
+    if kind == "wgrad":
         return [Tile((128, 128, 32), (2, 2, 1), 3), Tile((64, 128, 32), (2, 2, 1), 4)]
     if key.family == 70:
         return [Tile((128, 64, 32), (2, 2, 1), 2), Tile((128, 128, 32), (2, 2, 1), 2)]
@@ -168,9 +194,9 @@ SWEEP_TILES = [
 
 def ci_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
     """The ``ci`` kernel set's tiles, whatever the profiles say: one per key (family 90: one
-    stock, one persistent)."""
+    stock, one persistent; family-90 dgrad/wgrad: the first default tile)."""
     if key.family == 90:
-        return list(SM90_CI_TILES)
+        return list(SM90_CI_TILES) if OP_FAMILY[key.op].conv_kind == "fprop" else default_tiles(key)[:1]
     return default_tiles(key)[-1:]
 
 
@@ -238,7 +264,8 @@ def _dtype_and_alignment(row: dict) -> tuple[str, int] | None:
     return ({"f16": "f16", "bf16": "bf16"}.get(activation), alignment) if activation else None
 
 
-_SM90_SCHEDULE_SUFFIX = re.compile(r"_\d+x\d+c_(?P<schedule>[a-z]+)_align\d+")
+# (family-90 dgrad names end in _unity_align8: a stride variant, not a schedule)
+_SM90_SCHEDULE_SUFFIX = re.compile(r"_\d+x\d+c_(?!unity_)(?P<schedule>[a-z]+)_(?:unity_)?align\d+")
 
 
 def _row_schedule(row: dict) -> str:
@@ -288,7 +315,8 @@ def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
     best: dict[Problem, Rule] = {}
     for row in mine:
         split_k = _split_k(row, kind)
-        if split_k is None or (key.family == 90 and split_k > 1):  # family 90: no split-K
+        # family 90: no split-K, but wgrad splits the batch into slices (same parallel layout)
+        if split_k is None or (key.family == 90 and split_k > 1 and kind != "wgrad"):
             continue
         problem = Problem(int(row["c"]), int(row["k"]), int(row["r"]), int(row["s"]),
                           int(row["stride_h"]), int(row["n"]) * int(row["p"]) * int(row["q"]))

@@ -127,10 +127,10 @@ def test_backward_rules_pick_the_fastest_cudnn_included(tmp_path):
     generate(["--archs", "80", "--kernels", "all", "--profiles", str(tmp_path / "profiles"), "--out", str(out)])
     table = (out / "conv2d_backward_dispatch_table.cpp").read_text()
     names = re.findall(r'\{"(cutlass_ops_[^"]+)"', table)
-    ours = re.search(r"\{ConvKind::kDgrad, DType::kF16, 64, 64, 3, 3, 1, 131072LL, (\d+), 1\}", table)
+    ours = re.search(r"\{ConvKind::kDgrad, DType::kF16, 64, 64, 3, 3, 1, 131072LL, (\d+), 1, 80, [0-9.e-]+\}", table)
     assert ours and names[int(ours.group(1))] == dgrad
-    assert re.search(r"\{ConvKind::kDgrad, DType::kF16, 64, 64, 3, 3, 1, 524288LL, -1, 1\},  // cuDNN", table)
-    assert re.search(r"\{ConvKind::kWgrad, DType::kF16, 64, 64, 3, 3, 1, 131072LL, \d+, 32\}", table)
+    assert re.search(r"\{ConvKind::kDgrad, DType::kF16, 64, 64, 3, 3, 1, 524288LL, -1, 1, 80, [0-9.e-]+\},  // cuDNN", table)
+    assert re.search(r"\{ConvKind::kWgrad, DType::kF16, 64, 64, 3, 3, 1, 131072LL, \d+, 32, 80, [0-9.e-]+\}", table)
     # bf16 borrows the f16 winners; the fused table has no backward rules
     assert "kNumProfileRules = 6" in table
     assert "kNumProfileRules = 0" in (out / "conv2d_fused_dispatch_table.cpp").read_text()

@@ -106,9 +106,12 @@ def test_conv2d_wgrad(device, dtype, case, with_scale, rng):
 
 
 def _built_kernels(kind, dtype):
+    """The build's kernels of this kind and dtype that this GPU runs (family 90, built with
+    CUTLASS_OPS_SM90_BACKWARD=1, runs on sm90 only; test_conv2d_backward_sm90.py tests it)."""
     dname = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
     return [k for k in torch.ops.cutlass_ops.conv2d_backward_kernels()
-            if k.startswith(f"cutlass_ops_conv2d_{kind}_{dname}_")]
+            if k.startswith(f"cutlass_ops_conv2d_{kind}_{dname}_") and (sm90 or "_sm90_" not in k)]
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")

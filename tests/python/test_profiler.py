@@ -6,8 +6,9 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from cutlass_ops.profiler import (COLUMNS, _NAME, _NAME90, gpu_slug, kernel_families, problems_from_model,
-                                  resnet_problems, split_k_candidates, sweep)
+from cutlass_ops.profiler import (COLUMNS, _BACKWARD_NAME, _BACKWARD_NAME90, _NAME, _NAME90, backward_families,
+                                  gpu_slug, kernel_families, problems_from_model, resnet_problems,
+                                  sm90_wgrad_slice_candidates, split_k_candidates, sweep, sweep_backward)
 from _helpers import HAS_CUDA
 
 
@@ -44,6 +45,27 @@ def test_kernel_name_patterns():
     assert _NAME90.match("cutlass_ops_conv2d_fused_f16_sm90_128x64x64_6s_1x1c_pp_align8")["schedule"] == "pp"
     assert not _NAME90.match("cutlass_ops_conv2d_fused_f16_sm90_128x64x64_6s_1x1c_xx_align8")
     assert _NAME.match("cutlass_ops_conv2d_fused_f16_sm80_128x64x32_4s_2x2w_o_align8")
+
+
+def test_backward_kernel_name_patterns():
+    m = _BACKWARD_NAME90.match("cutlass_ops_conv2d_dgrad_f16_sm90_128x64x64_4s_1x1c_unity_align8")
+    assert m and (m["kind"], m["variant"], m["m"], m["n"], m["stages"], m["cm"]) == ("dgrad", "unity", "128", "64", "4", "1")
+    m = _BACKWARD_NAME90.match("cutlass_ops_conv2d_wgrad_bf16_sm90_64x64x64_autos_2x1c_align8")
+    assert m and (m["kind"], m["dtype"], m["variant"], m["stages"], m["cm"]) == ("wgrad", "bf16", None, "auto", "2")
+    assert not _BACKWARD_NAME.match("cutlass_ops_conv2d_dgrad_f16_sm90_128x64x64_4s_1x1c_unity_align8")
+    assert _BACKWARD_NAME.match("cutlass_ops_conv2d_dgrad_f16_sm80_128x64x32_4s_2x2w_o_strided_align8")
+    assert not _BACKWARD_NAME90.match("cutlass_ops_conv2d_dgrad_f16_sm80_128x64x32_4s_2x2w_o_strided_align8")
+
+
+def test_sm90_wgrad_slice_candidates():
+    k = _BACKWARD_NAME90.match("cutlass_ops_conv2d_wgrad_f16_sm90_64x64x64_4s_1x1c_align8")
+    p = dict(n=2048, h=16, w=16, c=64, k=64, r=3, s=3, pad=1, stride=1)  # 9 output tiles, 8192 K-iterations
+    assert sm90_wgrad_slice_candidates(p, k, 132) == [1, 2, 4, 8, 16, 32]  # 64 slices: > 4 CTAs per SM
+    assert sm90_wgrad_slice_candidates(p, k, 1000) == [1, 2, 4, 8, 16, 32, 64]
+    # 48 K-iterations, 3 images: >= 16 K-iterations and one image per slice
+    assert sm90_wgrad_slice_candidates(dict(p, n=3, h=32, w=32), k, 132) == [1, 2]
+    p = dict(n=8, h=2, w=2, c=512, k=512, r=3, s=3, pad=1, stride=1)      # 1 K-iteration, 576 tiles
+    assert sm90_wgrad_slice_candidates(p, k, 132) == [1]
 
 
 def test_gpu_slug():
@@ -115,3 +137,28 @@ def test_forced_split_k_runs_exactly_or_raises():
             cutlass_ops.conv2d_fused(x, w, residual=torch.randn_like(ref, dtype=torch.half), padding=1)
     finally:
         torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_backward_sweep_family_90_rows_feed_the_generator(tmp_path):
+    """profile --backward --family 90: the family-90 dgrad/wgrad rows (no cuDNN rows), read back
+    by the generator as family-90 rules (wgrad's batch slices kept)."""
+    if 90 not in backward_families():
+        pytest.skip("no family-90 dgrad/wgrad kernels for this GPU in this build (CUTLASS_OPS_SM90_BACKWARD=1)")
+    from cutlass_ops_gen.manifest import InstanceKey
+    from cutlass_ops_gen.tiles import select_tiles
+    out = tmp_path / "profiles" / "h" / "sm90.csv"
+    problems = [dict(n=16, h=8, w=8, c=64, k=64, r=3, s=3, pad=1, stride=1),
+                dict(n=16, h=8, w=8, c=64, k=128, r=3, s=3, pad=1, stride=2)]
+    assert sweep_backward(problems, out, iters=3, family=90) > 0
+    with open(out) as f:
+        assert "kernel family sm90" in f.readline()
+        rows = list(csv.DictReader(f))
+    assert rows and all("_sm90_" in r["Operation"] and r["Disposition"] == "passed" for r in rows)
+    assert not any(r["conv_kind"] == "dgrad" and r["stride_h"] == "2" for r in rows)  # unity-stride dgrad only
+    assert {r["conv_kind"] for r in rows} == {"dgrad", "wgrad"}
+    assert any(int(r["split_k_slices"]) > 1 for r in rows if r["conv_kind"] == "wgrad")
+    for op in ("conv2d_dgrad", "conv2d_wgrad"):
+        _, rules, origin = select_tiles(InstanceKey(op, 90, "f16", 8), tmp_path / "profiles")
+        assert rules and "profile h" in origin
+    assert sweep_backward(problems, out, iters=3, family=90) == 0  # resumed
