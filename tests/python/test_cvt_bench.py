@@ -2,6 +2,7 @@
 refuses without a GPU, a tiny training run gives the same loss curves for FusedCvT and the
 reference, and split benchmark runs merge.  (The timings themselves need a GPU.)"""
 import contextlib
+import importlib.util
 import io
 
 import pytest
@@ -59,8 +60,9 @@ def test_cvt_train_check_cpu_tiny(tmp_path):
     assert len(ref) == len(fused) == 8
     assert ref[-1] < 0.8 * ref[0]  # it learns (memorises the fixed batch)
     assert result["max_rel_diff"] < 1e-4, result["max_rel_diff"]
-    cvt_bench.plot_curves(result, tmp_path / "curves.png")
-    assert (tmp_path / "curves.png").stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib") is not None:  # CI's venv has none
+        cvt_bench.plot_curves(result, tmp_path / "curves.png")
+        assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
 def test_cvt_train_check_cli_refuses_bad_size():
