@@ -251,8 +251,8 @@ def to_cuda(e: Expr) -> str:
         return f"(-{a[0]})"
     if op == "sigmoid":
         return f"(1.0f / (1.0f + expf(-{a[0]})))"
-    if op == "relu":
-        return f"fmaxf({a[0]}, 0.0f)"
+    if op == "relu":  # not fmaxf, which turns NaN into 0: torch.relu keeps NaN
+        return f"({a[0]} < 0.0f ? 0.0f : {a[0]})"
     if op in BINARY:
         sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
         return f"({a[0]} {sym} {a[1]})"
@@ -267,7 +267,7 @@ def to_cuda(e: Expr) -> str:
 
 def to_torch(e: Expr, x):
     """``e`` evaluated on the tensor ``x`` with torch ops, as the emitted CUDA expression computes
-    it (``select`` is ``c > 0 ? a : b``, ``relu`` is ``fmaxf(u, 0)``, sigmoid ``1 / (1 + exp(-u))``)."""
+    it (``select`` is ``c > 0 ? a : b``, ``relu`` is ``u < 0 ? 0 : u``, sigmoid ``1 / (1 + exp(-u))``)."""
     import torch
     op = e.op
     if op == "x":

@@ -21,7 +21,6 @@ from cutlass_ops_gen.mlp import padded, trace_mlp  # noqa: E402
 _TOKEN = re.compile(r"\s*(?:((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?f?)|([A-Za-z_]\w*)|(\S))")
 _FNS = {"expf": torch.exp, "logf": torch.log, "log1pf": torch.log1p, "sinf": torch.sin, "cosf": torch.cos,
         "tanhf": torch.tanh, "erff": torch.erf, "sqrtf": torch.sqrt, "fabsf": torch.abs,
-        "fmaxf": lambda a, b: torch.maximum(a, torch.as_tensor(b, dtype=torch.float64)),
         "powf": lambda a, b: torch.pow(a, b)}
 
 
@@ -61,9 +60,10 @@ def cuda_eval(text, x):
 
     def comparison():
         a = additive()
-        if peek() == ("sym", ">"):
-            take(">")
-            return a > additive()
+        if peek() in (("sym", ">"), ("sym", "<")):
+            op = take()[1]
+            b = additive()
+            return a > b if op == ">" else a < b
         return a
 
     def additive():
@@ -246,12 +246,21 @@ def test_whole_model_from_spec(name):
     model.float()
 
 
+def test_relu_keeps_nan_as_torch_does():
+    """fmaxf(NaN, 0) is 0 in CUDA; torch.relu(NaN) is NaN: the emitted ReLU is a comparison
+    that a NaN fails, so NaN passes through (C's `<`, as the evaluator's)."""
+    spec = trace_mlp(MODELS["relu_64x4"][0], torch.randn(3, 32))
+    x = torch.tensor([float("nan"), -1.5, -0.0, 0.0, 2.5], dtype=torch.float64)
+    got, want = cuda_eval(spec.layers[0].activation.cuda, x), torch.relu(x)
+    assert torch.isnan(got[0]) and torch.equal(got[1:], want[1:])
+
+
 def test_issue_examples_text():
     spec = trace_mlp(MODELS["siren"][0], torch.randn(3, 3))
     assert spec.layers[0].activation.cuda == "sinf((30.0f * x))"
     assert spec.layers[0].activation.cuda_grad == "(cosf((30.0f * x)) * 30.0f)"
     spec = trace_mlp(MODELS["relu_64x4"][0], torch.randn(3, 32))
-    assert spec.layers[0].activation.cuda == "fmaxf(x, 0.0f)"
+    assert spec.layers[0].activation.cuda == "(x < 0.0f ? 0.0f : x)"
     assert spec.layers[0].activation.cuda_grad == "(x > 0.0f ? 1.0f : 0.0f)"
     spec = trace_mlp(MODELS["gauss"][0], torch.randn(3, 2))
     assert spec.layers[0].activation.cuda == "expf((-(x * x)))"
