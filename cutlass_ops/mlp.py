@@ -47,6 +47,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -226,9 +227,6 @@ def _check_args(op: str, x, weights, biases, spec: MlpSpec) -> None:
         raise ValueError(f"{op}: the model has {L} layers, got {len(weights)} weights and {len(biases)} biases")
     if not x.is_floating_point():
         raise ValueError(f"{op}: x must be floating point, got {x.dtype}")
-    if x.device.type == "cuda" and x.dtype not in _CUDA_DTYPES:
-        raise ValueError(f"{op}: on CUDA the FusedMLP kernel takes float16 or bfloat16, got {x.dtype} "
-                         f"(convert the model and input, e.g. .half())")
     for i, (layer, w, b) in enumerate(zip(spec.layers, weights, biases)):
         if tuple(w.shape) != (layer.out_features, layer.in_features):
             raise ValueError(f"{op}: weights[{i}] has shape {tuple(w.shape)}, layer {layer.name!r} needs "
@@ -267,12 +265,9 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # Forward op
 # ---------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("cutlass_ops::fused_mlp", mutates_args=())
-def _fused_mlp(x: torch.Tensor, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]],
-               key: str, save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    # the CPU implementation (CUDA: _fused_mlp_cuda)
-    spec = _spec(key)
-    _check_args("fused_mlp", x, weights, biases, spec)
+def _forward_math(x, weights, biases, spec: MlpSpec, save: bool):
+    """The forward in torch ops, any device: the CPU implementation, and CUDA's for dtypes the
+    kernel does not take (float32/float64)."""
     ct = _compute_dtype(x.dtype)
     a = x.to(ct)
     zs, acts = [], []
@@ -290,10 +285,32 @@ def _fused_mlp(x: torch.Tensor, weights: list[torch.Tensor], biases: list[Option
     return out, zs + acts
 
 
+def _warn_torch_path(dtype) -> None:
+    if dtype not in _WARNED:
+        _WARNED.add(dtype)
+        warnings.warn(f"cutlass_ops.FusedMLP: the CUDA kernel takes float16/bfloat16; {dtype} runs as "
+                      "torch ops (correct, not fused)", stacklevel=3)
+
+
+_WARNED: set = set()
+
+
+@torch.library.custom_op("cutlass_ops::fused_mlp", mutates_args=())
+def _fused_mlp(x: torch.Tensor, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]],
+               key: str, save: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    # the CPU implementation (CUDA: _fused_mlp_cuda)
+    spec = _spec(key)
+    _check_args("fused_mlp", x, weights, biases, spec)
+    return _forward_math(x, weights, biases, spec, save)
+
+
 @_fused_mlp.register_kernel("cuda")
 def _fused_mlp_cuda(x, weights, biases, key, save):
     spec = _spec(key)
     _check_args("fused_mlp", x, weights, biases, spec)
+    if x.dtype not in _CUDA_DTYPES:
+        _warn_torch_path(x.dtype)
+        return _forward_math(x, weights, biases, spec, save)
     kern = _kernel(key, x.dtype, x.device)
     M = x.shape[0]
     x = _aligned(x)
@@ -331,12 +348,9 @@ def _fused_mlp_fake(x, weights, biases, key, save):
 # Backward op: dx and each layer's dz (the weight gradients are GEMMs over the batch, below)
 # ---------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("cutlass_ops::fused_mlp_backward", mutates_args=())
-def _fused_mlp_backward(grad_y: torch.Tensor, x: torch.Tensor, weights: list[torch.Tensor],
-                        saved: list[torch.Tensor], key: str, need_dx: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    spec = _spec(key)
+def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
+    """The backward in torch ops, any device (as _forward_math)."""
     L = len(spec.layers)
-    _check_saved(grad_y, x, saved, spec)
     ct = _compute_dtype(x.dtype)
     g = grad_y.to(ct)
     dzs = [None] * L
@@ -349,6 +363,14 @@ def _fused_mlp_backward(grad_y: torch.Tensor, x: torch.Tensor, weights: list[tor
             g = (dz.to(ct) @ weights[i].to(ct)).to(x.dtype).to(ct)
     dx = g.to(x.dtype) if need_dx else x.new_empty((0,))
     return dx, dzs
+
+
+@torch.library.custom_op("cutlass_ops::fused_mlp_backward", mutates_args=())
+def _fused_mlp_backward(grad_y: torch.Tensor, x: torch.Tensor, weights: list[torch.Tensor],
+                        saved: list[torch.Tensor], key: str, need_dx: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    spec = _spec(key)
+    _check_saved(grad_y, x, saved, spec)
+    return _backward_math(grad_y, x, weights, saved, spec, need_dx)
 
 
 def _check_saved(grad_y, x, saved, spec):
@@ -366,6 +388,8 @@ def _check_saved(grad_y, x, saved, spec):
 def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx):
     spec = _spec(key)
     _check_saved(grad_y, x, saved, spec)
+    if x.dtype not in _CUDA_DTYPES:
+        return _backward_math(grad_y, x, weights, saved, spec, need_dx)
     kern = _kernel(key, x.dtype, x.device)
     M = x.shape[0]
     L = len(spec.layers)
@@ -454,8 +478,9 @@ class FusedMLP(nn.Module):
 
     Parameters ``weight_<i>`` / ``bias_<i>`` (nn.Linear layouts; ``bias_<i>`` is None for a layer
     without bias); ``spec`` is the traced ``MlpSpec`` (``spec.layers[i].name`` names the original
-    Linear).  Input (..., in_features) in the parameters' dtype and device; on CUDA float16 or
-    bfloat16 only, any number of rows (0 too).  Other dtypes run on the CPU path.
+    Linear).  Input (..., in_features) in the parameters' dtype and device, any number of rows
+    (0 too).  On CUDA the fused kernel runs float16 and bfloat16; float32/float64 run the same
+    math as torch ops (correct, not fused; a one-time warning says so), as on the CPU.
     """
 
     def __init__(self, spec: MlpSpec, weights, biases):
