@@ -21,6 +21,7 @@ warning is allowed) and is held to the same bounds.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
@@ -479,6 +480,70 @@ def run_giou_loss(c, device):
     return fail
 
 
+# FusedMLP: the structure from a small pool (on CUDA each compiles one kernel per dtype, cached),
+# everything else random: rows (0 too), weights, values (NaN/Inf too), the input's layout.
+MLP_POOL = [
+    ([19, 57, 40, 7], ["relu", "tanh"], None, True),
+    ([3, 64, 64, 1], ["sin30", "sin30"], None, True),
+    ([32, 127, 84, 57, 16], ["relu", "silu", "gelu"], None, True),
+    ([8, 24, 2], ["softplus"], "sigmoid", False),
+    ([1, 1], [], "tanh", True),
+    ([64, 256, 64], ["leaky"], None, True),
+]
+
+
+class _Sin30(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(30 * x)
+
+
+def _mlp_act(name):
+    return {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "silu": torch.nn.SiLU, "gelu": torch.nn.GELU,
+            "softplus": torch.nn.Softplus, "sigmoid": torch.nn.Sigmoid, "sin30": _Sin30,
+            "leaky": lambda: torch.nn.LeakyReLU(0.1)}[name]()
+
+
+def draw_fused_mlp(rng):
+    rows = 0 if rng.random() < 0.05 else int(math.exp(rng.uniform(0, math.log(3000))))
+    return dict(structure=rng.randrange(len(MLP_POOL)), rows=rows, dtype=str(_dtype(rng))[6:],
+                layout=rng.choice(["contiguous", "strided", "offset"]), special=_special(rng),
+                seed=rng.randrange(2**31))
+
+
+def run_fused_mlp(c, device):
+    """The forward against float64 (its gradients: test_fused_mlp.py, whose bounds allow for
+    16-bit ReLU masks that flip near zero)."""
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    if device == "cuda" and dtype == torch.float32:
+        dtype = torch.float16  # the CUDA kernel's dtypes (float32 there runs torch ops: test_fused_mlp)
+    widths, acts, last, bias = MLP_POOL[c["structure"]]
+    mods = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        lin = torch.nn.Linear(a, b, bias=bias, dtype=torch.float64)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(b, a, generator=g, dtype=torch.float64) * a ** -0.5)
+            if bias:
+                lin.bias.copy_(torch.randn(b, generator=g, dtype=torch.float64) * 0.5)
+        mods.append(lin)
+        if i < len(acts):
+            mods.append(_mlp_act(acts[i]))
+    if last:
+        mods.append(_mlp_act(last))
+    model = torch.nn.Sequential(*mods).to(dtype)       # the weights rounded to the dtype ...
+    ref_model = copy.deepcopy(model).double()          # ... and the float64 reference from them
+    fused = cutlass_ops.FusedMLP.from_module(model).to(device)
+    x = make((c["rows"], widths[0]), dtype, "cpu", "nchw", g, special=c["special"])
+    x = x.to(device) if c["layout"] == "contiguous" else _relayout(x, device, c["layout"])
+    with torch.no_grad():
+        y = fused(x)
+        own = model.to(device)(x)
+        ref = ref_model(d64(x))
+    fail = compare("y", y, ref, own, dtype)
+    if not fail and (y.dtype != dtype or y.device != x.device):
+        fail = f"y: {y.dtype} on {y.device}"
+    return fail
+
+
 def make_like(vals, dtype, device, layout, g):
     """`vals` (float64, CPU) as a tensor of `dtype` on `device` in `layout` (see make)."""
     t = make(vals.shape, dtype, "cpu", layout, g)
@@ -507,6 +572,7 @@ OPS = {
     "space_to_depth_conv": (draw_space_to_depth_conv, run_space_to_depth_conv),
     "space_to_depth_conv_weight_grad": (draw_space_to_depth_conv, run_space_to_depth_conv_weight_grad),
     "giou_loss": (draw_giou_loss, run_giou_loss),
+    "fused_mlp": (draw_fused_mlp, run_fused_mlp),
 }
 
 
