@@ -238,21 +238,9 @@ def train_curves(steps: int = 50, n: int = 8, size: int = 224, device="cpu", dty
 
 
 def plot_curves(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (name, losses), style in zip(result["curves"].items(), ("-", "--")):
-        ax.plot(losses, style, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy loss")
-    precision = result["dtype"] + (f" + autocast {result['autocast']}" if result.get("autocast") else "")
-    ax.set_title(f"{result['model']} training, N={result['n']} {result['size']}x{result['size']}, {precision} on "
-                 f"{result['device']} (max rel. diff {result['max_rel_diff']:.1e})", fontsize=8)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from .train_check import plot
+    plot(result, path, model=f"{result['model']}, N={result['n']} {result['size']}x{result['size']},",
+         ylabel="cross-entropy loss", log=False)
 
 
 def train_check_main(args) -> int:

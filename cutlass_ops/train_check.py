@@ -63,7 +63,9 @@ def train_curves(steps=50, n=16, in_channels=3, device="cpu", dtype=torch.float3
             "curves": curves, "max_rel_diff": max_rel_diff}
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, model: str = "SE-ResNet9-FixUp", ylabel: str = "MSE loss",
+         log: bool = True) -> None:
+    """The two loss curves of a train_curves-style result, overlaid (also cvt_bench's)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -71,14 +73,16 @@ def plot(result: dict, path: Path) -> None:
     for (name, losses), style in zip(result["curves"].items(), ("-", "--")):
         ax.plot(losses, style, label=name)
     ax.set_xlabel("step")
-    ax.set_ylabel("MSE loss")
-    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
     precision = result["dtype"] + (f" + autocast {result['autocast']}" if result.get("autocast") else "")
-    ax.set_title(f"SE-ResNet9-FixUp training, {precision} on {result['device']} "
-                 f"(max rel. diff {result['max_rel_diff']:.1e})", fontsize=9)
+    ax.set_title(f"{model} training, {precision} on {result['device']} "
+                 f"(max rel. diff {result['max_rel_diff']:.1e})", fontsize=8)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(args) -> int:
