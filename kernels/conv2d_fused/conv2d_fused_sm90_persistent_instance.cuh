@@ -1,6 +1,6 @@
-// Included by the generated persistent family-90 kernel instances (Hopper, sm_90a only; built
-// only with CUTLASS_OPS_SM90_PERSISTENT=1, see README "Hopper (sm90)"): the kernel type for one
-// tile configuration.  run_sm90_instance (conv2d_fused_sm90_instance.cuh) launches it like the
+// Included by the generated persistent family-90 kernel instances (Hopper, sm_90a only;
+// tiles.SM90_PERSISTENT_TILES, see README "Hopper (sm90)"): the kernel type for one tile
+// configuration.  run_sm90_instance (conv2d_fused_sm90_instance.cuh) launches it like the
 // stock kernel: same Conv2dFusedArgs, same can_implement fallthrough, same wait for the
 // previous grid (programmatic dependent launch), no split-K, no workspace.
 //
