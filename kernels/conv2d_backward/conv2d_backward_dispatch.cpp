@@ -83,6 +83,35 @@ Sm90Policy sm90_policy_from_env() {
 
 namespace {
 
+// The profile's winner (`rule`, or null) first among `candidates`, a wgrad at its measured split
+// scaled to this M (wgrad's GEMM K is N*P*Q) within [1, max_slices]; then the first candidate
+// whose can_implement() takes `a`, or null, each refusal appended to `why_not`.  Shared by the
+// family-80 and family-90 plans.
+Candidate const* first_runnable(std::vector<Candidate>& candidates, Conv2dBackwardArgs const& a,
+                                ProfileRule const* rule, int forced_split_k, long long max_slices,
+                                std::string& why_not) {
+  if (rule != nullptr && rule->kernel >= 0) {
+    auto first = std::find_if(candidates.begin(), candidates.end(),
+                              [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
+    if (first != candidates.end()) {
+      if (a.kind == ConvKind::kWgrad && forced_split_k == 0) {
+        double m_ratio = double(gemm_of(a).k) / double(rule->gemm_m);
+        long long slices = std::llround(rule->split_k * m_ratio);
+        first->split_k_slices = static_cast<int>(std::max<long long>(1, std::min(slices, max_slices)));
+      }
+      std::rotate(candidates.begin(), first, first + 1);
+    }
+  }
+  for (Candidate const& c : candidates) {
+    Conv2dBackwardArgs args = a;
+    args.split_k_slices = c.split_k_slices;
+    cutlass::Status status = c.entry->run(args, nullptr, /*query=*/true);
+    if (status == cutlass::Status::kSuccess) return &c;
+    why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
+  }
+  return nullptr;
+}
+
 // The family-90 part of plan(): the first family-90 kernel that can run `a`, or null (why in
 // `why_not`).  `rule` (its profile's, or null) puts the measured winner first.
 KernelEntry const* plan_sm90(Conv2dBackwardArgs const& a, int num_sms, char const* only, int forced_split_k,
@@ -99,29 +128,11 @@ KernelEntry const* plan_sm90(Conv2dBackwardArgs const& a, int num_sms, char cons
     candidates.push_back({&e, tiles(g, e) * slices, slices});
   }
   order_by_occupancy(candidates, num_sms, g.m, g.n);
-  if (rule != nullptr && rule->kernel >= 0) {
-    auto first = std::find_if(candidates.begin(), candidates.end(),
-                              [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
-    if (first != candidates.end()) {
-      if (a.kind == ConvKind::kWgrad && forced_split_k == 0) {  // the measured slices, scaled by M, <= N
-        double m_ratio = double(g.k) / double(rule->gemm_m);
-        long long slices = std::llround(rule->split_k * m_ratio);
-        first->split_k_slices = static_cast<int>(std::max<long long>(1, std::min<long long>({slices, 64, a.N})));
-      }
-      std::rotate(candidates.begin(), first, first + 1);
-    }
-  }
-  for (Candidate const& c : candidates) {
-    Conv2dBackwardArgs args = a;
-    args.split_k_slices = c.split_k_slices;
-    cutlass::Status status = c.entry->run(args, nullptr, /*query=*/true);
-    if (status == cutlass::Status::kSuccess) {
-      slices_out = c.split_k_slices;
-      return c.entry;
-    }
-    why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
-  }
-  return nullptr;
+  // The measured batch slices, scaled by M, at most 64 and one per image.
+  Candidate const* c = first_runnable(candidates, a, rule, forced_split_k, std::min<long long>(64, a.N), why_not);
+  if (c == nullptr) return nullptr;
+  slices_out = c->split_k_slices;
+  return c->entry;
 }
 
 }  // namespace
@@ -183,28 +194,10 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
     result.why_not = "the profile measured cuDNN faster on this problem";
     return result;
   }
-  if (rule != nullptr) {  // the measured winner first, at its split scaled to this M
-    auto first = std::find_if(candidates.begin(), candidates.end(),
-                              [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });
-    if (first != candidates.end()) {
-      if (a.kind == ConvKind::kWgrad && forced_split_k == 0) {
-        double m_ratio = double(g.k) / double(rule->gemm_m);  // wgrad's GEMM K is N*P*Q
-        long long slices = std::llround(rule->split_k * m_ratio);
-        first->split_k_slices = static_cast<int>(std::max<long long>(1, std::min<long long>(slices, 128)));
-      }
-      std::rotate(candidates.begin(), first, first + 1);
-    }
-  }
-  for (Candidate const& c : candidates) {
-    Conv2dBackwardArgs args = a;
-    args.split_k_slices = c.split_k_slices;
-    cutlass::Status status = c.entry->run(args, nullptr, /*query=*/true);
-    if (status == cutlass::Status::kSuccess) {
-      result.kernel = c.entry;
-      result.split_k_slices = c.split_k_slices;
-      return result;
-    }
-    result.why_not += std::string(c.entry->name) + ": " + cutlassGetStatusString(status) + "; ";
+  if (Candidate const* c = first_runnable(candidates, a, rule, forced_split_k, 128, result.why_not)) {
+    result.kernel = c->entry;
+    result.split_k_slices = c->split_k_slices;
+    return result;
   }
   if (result.why_not.empty()) {
     result.why_not = only != nullptr ? std::string("no kernel named ") + only +
