@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from .bench import graphed, hand_graphed_compile, measure_systems, plot_systems, print_systems, ratios
 from .cvt import cvt13, cvt_flops, CVT13_SPEC
 from .fused_cvt import FusedCvT
+from .train_check import plot, train_losses
 
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "eager NCHW", "eager channels_last + CUDA graph",
                      "torch.compile max-autotune", "torch.compile max-autotune channels_last",
@@ -213,22 +214,11 @@ def train_curves(steps: int = 50, n: int = 8, size: int = 224, device="cpu", dty
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(n, 3, size, size, generator=g).to(device=device, dtype=dtype)
     y = torch.randint(0, ref.num_classes, (n,), generator=g).to(device)
-    device_type = torch.device(device).type
     curves = {}
     for name, model in (("reference (PyTorch)", ref), ("FusedCvT", fused)):
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
-        scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype is not None)
-        losses = []
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device_type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(model(x).float(), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            losses.append(loss.item())
-        curves[name] = losses
+        curves[name] = train_losses(opt, lambda: F.cross_entropy(model(x).float(), y), steps, device, amp_dtype)
     a, b = curves.values()
     return {"model": "CvT-13" if model_fn is None else "CvT (custom)", "steps": steps, "n": n, "size": size,
             "device": str(device), "dtype": str(dtype)[6:], "autocast": str(amp_dtype)[6:] if amp_dtype else None,
@@ -238,7 +228,6 @@ def train_curves(steps: int = 50, n: int = 8, size: int = 224, device="cpu", dty
 
 
 def plot_curves(result: dict, path: Path) -> None:
-    from .train_check import plot
     plot(result, path, model=f"{result['model']}, N={result['n']} {result['size']}x{result['size']},",
          ylabel="cross-entropy loss", log=False)
 

@@ -40,27 +40,34 @@ def train_curves(steps=50, n=16, in_channels=3, device="cpu", dtype=torch.float3
     fused = FusedResNet.from_reference(ref)
     models = {"reference (PyTorch)": (ref, head), "FusedResNet": (fused, copy.deepcopy(head))}
     x, y = synthetic_task(n, in_channels, device, dtype, seed)
-    device_type = torch.device(device).type
     curves = {}
     for name, (body, readout) in models.items():
         body.train()
         opt = torch.optim.SGD(list(body.parameters()) + list(readout.parameters()), lr=lr, momentum=0.9)
-        scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype is not None)
-        losses = []
-        for _ in range(steps):
-            opt.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                loss = F.mse_loss(readout(body(x).flatten(1)).float(), y.float())
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            losses.append(loss.item())
-        curves[name] = losses
+        curves[name] = train_losses(opt, lambda: F.mse_loss(readout(body(x).flatten(1)).float(), y.float()),
+                                    steps, device, amp_dtype)
     a, b = curves.values()
     max_rel_diff = max(abs(u - v) / max(abs(u), 1e-12) for u, v in zip(a, b))
     return {"steps": steps, "n": n, "in_channels": in_channels, "device": str(device),
             "dtype": str(dtype)[6:], "autocast": str(amp_dtype)[6:] if amp_dtype else None, "lr": lr,
             "curves": curves, "max_rel_diff": max_rel_diff}
+
+
+def train_losses(opt, loss_fn, steps: int, device, amp_dtype=None) -> list[float]:
+    """`steps` optimizer steps of `loss_fn()` (the forward and its loss), each under
+    torch.autocast(amp_dtype) with a GradScaler when amp_dtype is given; the losses."""
+    device_type = torch.device(device).type
+    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype is not None)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            loss = loss_fn()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
 
 
 def plot(result: dict, path: Path, model: str = "SE-ResNet9-FixUp", ylabel: str = "MSE loss",
