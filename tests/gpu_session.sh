@@ -76,6 +76,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 echo "== ready after $(( $(date +%s) - start )) s"
 
+# After a profile step: rebuild so that the dispatch tables take the new rows (FROM_WHEEL=1:
+# not here; the returned sm90.csv goes into profiles/ and the wheel is rebuilt where it was built).
+rebuild_with_profiles() {
+  if [ "${FROM_WHEEL:-0}" = 1 ]; then echo "(FROM_WHEEL=1: not rebuilt; commit \$OUT/sm90.csv and rebuild the wheel)"; return; fi
+  CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q --no-build-isolation --no-deps . -Cbuild-dir=build-session \
+    > /tmp/gpu_session_build.log 2>&1 || { tail -30 /tmp/gpu_session_build.log; exit 1; }
+  grep -o "cutlass_ops_gen: .*profile rules.*" /tmp/gpu_session_build.log
+}
+
 for step in ${STEPS:-}; do
   what=${step%%:*}; n=${step#*:}
   t0=$(date +%s)
@@ -100,18 +109,14 @@ for step in ${STEPS:-}; do
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops profile --backward --family 90 --profiles "$REPO/profiles" \
          ${PROFILE_ARGS:---batch 512 2048} 2> "$OUT/profile90_backward.log" | tail -2) || echo "$step: stopped (rc $?)"
       cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null
-      CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q --no-build-isolation --no-deps . -Cbuild-dir=build-session \
-        > /tmp/gpu_session_build.log 2>&1 || { tail -30 /tmp/gpu_session_build.log; exit 1; }
-      grep -o "cutlass_ops_gen: .*profile rules.*" /tmp/gpu_session_build.log
+      rebuild_with_profiles
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     profile90)  # the family-90 kernels on FusedResNet's convs -> profiles/<gpu>/sm90.csv, then rebuild with it
       gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops profile --family 90 --profiles "$REPO/profiles" \
          2> "$OUT/profile90.log" | tail -2) || echo "$step: stopped (rc $?)"
       cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null
-      CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_BUILD_TESTS=ON "$PYTHON" -m pip install -q --no-build-isolation --no-deps . -Cbuild-dir=build-session \
-        > /tmp/gpu_session_build.log 2>&1 || { tail -30 /tmp/gpu_session_build.log; exit 1; }
-      grep -o "cutlass_ops_gen: .*profile rules.*" /tmp/gpu_session_build.log
+      rebuild_with_profiles
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     wheel-tests)  # the wheel in gpu_carry/ (built elsewhere), installed on its own, under the GPU tests
       whl=$(ls gpu_carry/cutlass_ops-*.whl 2>/dev/null | head -1)

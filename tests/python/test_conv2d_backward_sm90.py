@@ -42,7 +42,7 @@ def _params(kind):
 
 
 def kernel_dtype(name):
-    return DTYPE[name.split("_")[3]]  # cutlass_ops_conv2d_<kind>_<dtype>_sm90_...
+    return DTYPE[name.split("_")[4]]  # cutlass_ops_conv2d_<kind>_<dtype>_sm90_...
 
 
 # (N, C, H, W, K, R, S, stride, padding): FusedResNet's backward convs (each block's 3x3 convs,
