@@ -45,14 +45,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--writer", choices=("80", "90", "cudnn"), required=True,
                    help="conv2d_fused's family-80 or family-90 kernels, or cuDNN's weight gradient")
+    p.add_argument("--shape", default="2,64,64,8", help="N,C,K,HW of the 3x3 conv (default: %(default)s)")
     args = p.parse_args()
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1":
         p.error("run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 (the output must reuse the poisoned cudaMalloc)")
     torch.manual_seed(0)
-    n, c, k, hw = 2, 64, 64, 8
+    n, c, k, hw = (int(v) for v in args.shape.split(","))
     cl = torch.channels_last
     x = torch.randn(n, c, hw, hw, device="cuda").half().contiguous(memory_format=cl)
-    w = (torch.randn(k, c, 3, 3, device="cuda") / 24).half().contiguous(memory_format=cl)
+    w = (torch.randn(k, c, 3, 3, device="cuda") / (3 * c ** 0.5)).half().contiguous(memory_format=cl)
     if args.writer == "cudnn":
         dy = torch.randn(n, k, hw, hw, device="cuda").half().contiguous(memory_format=cl)
         want = torch.nn.grad.conv2d_weight(x.double(), w.shape, dy.double(), 1, 1)
