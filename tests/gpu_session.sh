@@ -13,7 +13,7 @@
 # (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
 # CvT (issue 20): cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
 # step), train-check-cvt.
-# The family-90 dgrad/wgrad kernels (build them with CUTLASS_OPS_SM90_BACKWARD=1 in the environment
+# The family-90 dgrad/wgrad kernels (built unless CUTLASS_OPS_SM90_BACKWARD=OFF is in the environment
 # of this script): sm90-backward-tests (test_conv2d_backward_sm90.py, then test_conv2d_backward.py
 # under the same build), profile90-backward (profile --backward --family 90 into
 # profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it).
@@ -97,8 +97,8 @@ for step in ${STEPS:-}; do
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sm90_tests.log" | tail -15
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-backward-tests)  # the family-90 dgrad/wgrad kernels against float64 (forced one by one), then family 80's tests
-      (cd /tmp && "$PYTHON" -P -c 'import cutlass_ops; n = cutlass_ops.ops.conv2d_backward_kernels(90); print(len(n), "family-90 dgrad/wgrad kernels"); assert n, "build with CUTLASS_OPS_SM90_BACKWARD=1"') \
-        || { echo "$step: no family-90 dgrad/wgrad kernels in this build (CUTLASS_OPS_SM90_BACKWARD=1)"; continue; }
+      (cd /tmp && "$PYTHON" -P -c 'import cutlass_ops; n = cutlass_ops.ops.conv2d_backward_kernels(90); print(len(n), "family-90 dgrad/wgrad kernels"); assert n, "a build without CUTLASS_OPS_SM90_BACKWARD=OFF"') \
+        || { echo "$step: no family-90 dgrad/wgrad kernels in this build (CUTLASS_OPS_SM90_BACKWARD=OFF?)"; continue; }
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider --maxfail=50 -rs \
          "$REPO/tests/python/test_conv2d_backward_sm90.py" "$REPO/tests/python/test_conv2d_backward.py" \
          > "$OUT/sm90_backward_tests.log" 2>&1)

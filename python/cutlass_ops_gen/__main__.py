@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="kernel set: all (release), ci (small, for CI builds) or sweep (all + the profiler's candidate tiles)")
     p.add_argument("--sm90-backward", action="store_true",
                    help="with 90 in --archs, also emit the family-90 (sm_90a) conv2d_dgrad/conv2d_wgrad "
-                        "kernels (CMake: CUTLASS_OPS_SM90_BACKWARD=1; off by default: not yet run on a GPU)")
+                        "kernels (CMake passes it unless CUTLASS_OPS_SM90_BACKWARD=OFF)")
     p.add_argument("--profiles", type=Path, default=None,
                    help="profiles/ folder with measured tile winners (default tiles without it)")
     p.add_argument("--out", type=Path, required=True, help="output folder (in the build tree)")

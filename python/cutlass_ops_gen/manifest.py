@@ -8,9 +8,8 @@ toolkit (CUDA 13 dropped sm70/sm72).  Family 90 (Hopper: CUTLASS 3.x, TMA im2col
 warp-specialized) is built when the archs contain 90, for sm_90a only (its code runs on
 sm90 and nothing else); on sm90 the dispatcher tries it where the profile measured it faster,
 then family 80.  It has conv2d_fused, fp16/bf16 at alignment 8 (TMA needs 16-byte aligned
-channels), and with ``sm90_backward`` (CMake CUTLASS_OPS_SM90_BACKWARD=1, the generator's
---sm90-backward; off by default: compile-checked, not yet run on a GPU) conv2d_dgrad and
-conv2d_wgrad too.
+channels), and with ``sm90_backward`` (the generator's --sm90-backward, which CMake passes
+unless CUTLASS_OPS_SM90_BACKWARD=OFF) conv2d_dgrad and conv2d_wgrad too.
 
 Kernel sets:
   ``all`` - every dtype and alignment, the default tiles (or the profiled winners).

@@ -126,7 +126,8 @@ SM90_TILES = SM90_STOCK_TILES + SM90_PERSISTENT_TILES
 SM90_CI_TILES = [SM90_STOCK_TILES[0], SM90_PERSISTENT_TILES[0]]
 
 
-# Family-90 backward (built only with --sm90-backward; compile-checked, not yet run on a GPU).
+# Family-90 backward (built only with --sm90-backward, which CMake passes by default; tested and
+# profiled on an H100).
 # CUTLASS 4.2's unit tests run its sm90 dgrad and wgrad at 64x64x64 and 128x64x64 (clusters
 # 1x1, 1x2, 2x1, 2x2; automatic stages); its library generator adds 64x128 / 128x128 / 128x256.
 # Ours, for FusedResNet's C, K = 64..512, fixed 4 stages (the automatic count fills shared
