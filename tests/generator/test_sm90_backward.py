@@ -21,7 +21,7 @@ def _backward90(keys):
 
 
 @pytest.mark.parametrize("kernel_set", ["ci", "all", "sweep"])
-def test_off_by_default_and_only_with_90_in_the_archs(kernel_set):
+def test_generator_emits_them_only_when_asked_and_only_with_90_in_the_archs(kernel_set):
     assert _backward90(instance_keys([80, 90], kernel_set)) == []
     assert _backward90(instance_keys([80, 86], kernel_set, sm90_backward=True)) == []
     keys = _backward90(instance_keys([80, 90], kernel_set, sm90_backward=True))
@@ -147,4 +147,6 @@ def test_build_switch_is_wired_from_env_to_the_generator():
                      generate_cmake)
     assert "${_gen_flags}" in generate_cmake
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'CUTLASS_OPS_SM90_BACKWARD = { env = "CUTLASS_OPS_SM90_BACKWARD", default = "OFF" }' in pyproject
+    # on by default, in a pip build (pyproject) and a plain CMake configure alike
+    assert 'CUTLASS_OPS_SM90_BACKWARD = { env = "CUTLASS_OPS_SM90_BACKWARD", default = "ON" }' in pyproject
+    assert re.search(r'if\(CUTLASS_OPS_SM90_BACKWARD STREQUAL ""\)\s+set\(CUTLASS_OPS_SM90_BACKWARD ON\)', cmake)
