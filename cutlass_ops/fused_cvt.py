@@ -14,8 +14,10 @@ differs.  What runs where, per forward:
     - every LayerNorm (16-bit inputs in float32, as CvT's LayerNorm);
     - the q/k/v "dw_bn" projections: depthwise 3x3 conv (stride 1 for q, 2 for k and v) on
       the NHWC map.  Eval mode: the BatchNorm folded into the conv (weight * gamma /
-      sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), recomputed every forward
-      from the current parameters and running statistics, float32 or wider).  Train mode: the
+      sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), float32 or wider), from the
+      current parameters and running statistics; with autograd off the folded pair is cached
+      until one of them changes (a CUDA graph captured in eval mode keeps the pair of its
+      capture: capture again after changing the weights or statistics).  Train mode: the
       real ``nn.BatchNorm2d`` after the conv (batch statistics, running statistics updated).
     - the q/k/v/out linears, the MLP linears (``F.linear``), QuickGELU, residual adds, drop
       path (timm 0.3.2's, same RNG draws as the reference), dropout;
@@ -52,6 +54,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
                          norm_layer=partial(LayerNorm, eps=1e-5), init=(spec or CVT13_SPEC).get("INIT", "trunc_norm"),
                          spec=spec or CVT13_SPEC)
         self.in_chans = in_chans
+        self._folded: dict = {}  # eval-mode dw_bn folds: id(proj) -> (key, (weight, bias))
         self._to_kernel_layouts()
 
     @classmethod
@@ -87,11 +90,13 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
         self._to_kernel_layouts()
+        self._folded.clear()
         return out
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._to_kernel_layouts()
+        self._folded.clear()
         return result
 
     # -- forward ---------------------------------------------------------------------------
@@ -169,19 +174,40 @@ class FusedCvT(ConvolutionalVisionTransformer):
         y = mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
         return x + blk.drop_path(y)
 
-    @staticmethod
-    def _dw_bn(proj: nn.Sequential, m: torch.Tensor) -> torch.Tensor:
+    def _dw_bn(self, proj: nn.Sequential, m: torch.Tensor) -> torch.Tensor:
         """Depthwise conv + BatchNorm on an NHWC map (N, C, H, W) -> tokens (N, H'*W', C)."""
         conv, bn = proj.conv, proj.bn
         if bn.training or bn.running_mean is None:
             y = bn(F.conv2d(m, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups))
         else:  # eval: BatchNorm folded into the conv's weight and a bias
-            acc = torch.promote_types(conv.weight.dtype, torch.float32)
-            inv = bn.weight.to(acc) * torch.rsqrt(bn.running_var.to(acc) + bn.eps)
-            wt = (conv.weight.to(acc) * inv.view(-1, 1, 1, 1)).to(conv.weight.dtype)
-            bias = (bn.bias.to(acc) - bn.running_mean.to(acc) * inv).to(conv.weight.dtype)
+            wt, bias = self._folded_dw_bn(proj)
             y = F.conv2d(m, wt, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
         return y.flatten(2).transpose(1, 2)
+
+    def _folded_dw_bn(self, proj: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eval-mode fold of proj's BatchNorm into its depthwise conv: (weight, bias).
+        Recomputing it costs ~7 small kernels per projection (39 projections in CvT-13), so
+        with autograd off it is cached, keyed by the five tensors' addresses and version
+        counters (an in-place update bumps the counter), as FusedResNet caches its derived
+        weights.  Not cached while autograd records (the gradients reach conv and BN through
+        the fold), while torch.compile traces (a traced tensor must not outlive the trace), or
+        while a CUDA graph is captured (a tensor made there holds nothing until a replay)."""
+        conv, bn = proj.conv, proj.bn
+        cacheable = not (torch.is_grad_enabled() or torch.compiler.is_compiling()
+                         or (conv.weight.is_cuda and torch.cuda.is_current_stream_capturing()))
+        if cacheable:
+            key = (tuple((t.data_ptr(), t._version, t.dtype)
+                         for t in (conv.weight, bn.weight, bn.bias, bn.running_mean, bn.running_var)), bn.eps)
+            hit = self._folded.get(id(proj))
+            if hit is not None and hit[0] == key:
+                return hit[1]
+        acc = torch.promote_types(conv.weight.dtype, torch.float32)
+        inv = bn.weight.to(acc) * torch.rsqrt(bn.running_var.to(acc) + bn.eps)
+        wt = (conv.weight.to(acc) * inv.view(-1, 1, 1, 1)).to(conv.weight.dtype)
+        bias = (bn.bias.to(acc) - bn.running_mean.to(acc) * inv).to(conv.weight.dtype)
+        if cacheable:
+            self._folded[id(proj)] = (key, (wt, bias))
+        return wt, bias
 
     def _attention(self, attn, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         n, t, c = x.shape

@@ -49,6 +49,43 @@ def test_fused_cvt_eval_float64(n, h, w):
     assert rel < TOLERANCE[torch.float64][0] and mx < TOLERANCE[torch.float64][1], (rel, mx)
 
 
+def test_fused_cvt_eval_fold_cache_follows_the_weights():
+    """With autograd off, eval mode folds each BatchNorm into its depthwise conv once and reuses
+    the fold (no BatchNorm arithmetic in a second forward); an in-place change to a running
+    statistic or an affine weight is seen at the next forward; with autograd on, the fold is
+    recomputed so that gradients reach the BatchNorm and conv parameters."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.rsqrt = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.rsqrt += func.overloadpacket is torch.ops.aten.rsqrt
+            return func(*args, **(kwargs or {}))
+
+    ref = reference(seed=4).eval()
+    fused = FusedCvT.from_reference(ref)
+    x = _input(2, 48, 64)
+    with torch.no_grad():
+        with Count() as first:
+            y1 = fused(x)
+        with Count() as second:
+            y2 = fused(x)
+        assert first.rsqrt == len(fused._folded) > 0 and second.rsqrt == 0
+        assert torch.equal(y1, y2)
+        for model in (ref, fused):  # in place, as an optimizer or load_state_dict would
+            model.stage2.blocks[1].attn.conv_proj_k.bn.running_var.mul_(1.7)
+            model.stage1.blocks[0].attn.conv_proj_q.bn.weight.add_(0.3)
+        y3, expected = fused(x), ref(x)
+    assert not torch.equal(y3, y1)
+    rel, mx = errors(y3, expected)
+    assert rel < TOLERANCE[torch.float64][0] and mx < TOLERANCE[torch.float64][1], (rel, mx)
+    fused(x).square().sum().backward()  # autograd on: through a fresh fold
+    assert fused.stage1.blocks[0].attn.conv_proj_q.bn.weight.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_fused_cvt_gradients_float64(mode):
     """Train mode: real BatchNorm (batch statistics, running statistics updated), drop path
