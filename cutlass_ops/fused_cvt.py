@@ -15,10 +15,10 @@ differs.  What runs where, per forward:
     - the q/k/v "dw_bn" projections: depthwise 3x3 conv (stride 1 for q, 2 for k and v) on
       the NHWC map.  Eval mode: the BatchNorm folded into the conv (weight * gamma /
       sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), float32 or wider), from the
-      current parameters and running statistics; with autograd off the folded pair is cached
-      until one of them changes (a CUDA graph captured in eval mode keeps the pair of its
-      capture: capture again after changing the weights or statistics).  Train mode: the
-      real ``nn.BatchNorm2d`` after the conv (batch statistics, running statistics updated).
+      current parameters and running statistics; in eager calls with autograd off the folded
+      pair is cached until one of them changes (a CUDA graph recomputes it at each replay).
+      Train mode: the real ``nn.BatchNorm2d`` after the conv (batch statistics, running
+      statistics updated).
     - the q/k/v/out linears, the MLP linears (``F.linear``), QuickGELU, residual adds, drop
       path (timm 0.3.2's, same RNG draws as the reference), dropout;
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
@@ -191,7 +191,9 @@ class FusedCvT(ConvolutionalVisionTransformer):
         counters (an in-place update bumps the counter), as FusedResNet caches its derived
         weights.  Not cached while autograd records (the gradients reach conv and BN through
         the fold), while torch.compile traces (a traced tensor must not outlive the trace), or
-        while a CUDA graph is captured (a tensor made there holds nothing until a replay)."""
+        while a CUDA graph is captured: the graph computes its own fold at each replay, so that
+        it follows in-place updates of the weights (a cached fold it captured would go stale,
+        and be freed under it when the cache moved on)."""
         conv, bn = proj.conv, proj.bn
         cacheable = not (torch.is_grad_enabled() or torch.compiler.is_compiling()
                          or (conv.weight.is_cuda and torch.cuda.is_current_stream_capturing()))
