@@ -23,7 +23,7 @@ def _cuda() -> bool:
 
 def cmd_info(args) -> int:
     import cutlass_ops
-    from .bench import environment
+    from .tools.bench import environment
     from ._library import unsupported_gpus
     info = environment()
     info["cuda_kernels_built"] = cutlass_ops.cuda_kernels_built()
@@ -47,7 +47,7 @@ def cmd_demo(args) -> int:
         y = cutlass_ops.conv2d_fused(x, w, torch.randn(32), padding=1, relu=True)
         print(f"output {tuple(y.shape)}, kernel: {cutlass_ops.conv2d_fused_last_kernel()}")
         return 0
-    from .bench import bench_conv, environment, print_table
+    from .tools.bench import bench_conv, environment, print_table
     env = environment()
     print(f"GPU: {env['gpu']}  torch {env['torch']}  CUDA {env['cuda']}")
     result = bench_conv(compile_max_autotune=False, iters=50)
@@ -60,7 +60,7 @@ def cmd_demo(args) -> int:
 def cmd_bench(args) -> int:
     import torch
     import cutlass_ops
-    from .bench import bench_conv, environment, print_table, write_json
+    from .tools.bench import bench_conv, environment, print_table, write_json
     if not torch.cuda.is_available():
         print("bench: needs a CUDA device", file=sys.stderr)
         return 2
@@ -73,7 +73,7 @@ def cmd_bench(args) -> int:
     if args.what == "cvt":
         return bench_cvt_cmd(args)
     if args.what == "giou":
-        from .giou_bench import bench_giou, print_giou_table
+        from .tools.giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
         result["environment"] = environment()
         print_giou_table(result)
@@ -110,7 +110,7 @@ def _timing_args(args, default_calls: int) -> dict:
 
 def _finish(result: dict, out: Path, merge: bool, print_table, plot) -> int:
     """Environment, --merge, the printed table, the JSON and the PNG of a resnet/train run."""
-    from .bench import environment, write_json
+    from .tools.bench import environment, write_json
     result["environment"] = environment()
     result = _merged(result, out, merge)
     print_table(result)
@@ -120,8 +120,8 @@ def _finish(result: dict, out: Path, merge: bool, print_table, plot) -> int:
 
 
 def bench_mlp_cmd(args) -> int:
-    from .bench import environment, write_json
-    from .mlp_bench import BATCHES, MODELS, SYSTEMS, bench_mlp
+    from .tools.bench import environment, write_json
+    from .tools.mlp_bench import BATCHES, MODELS, SYSTEMS, bench_mlp
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/mlp.json")
     batches = args.batch if args.batch != RESNET_BATCHES else BATCHES
     for name in args.systems or []:
@@ -141,7 +141,7 @@ def bench_mlp_cmd(args) -> int:
 
 
 def bench_resnet_cmd(args) -> int:
-    from .bench import bench_resnet, plot_resnet, print_resnet_table
+    from .tools.bench import bench_resnet, plot_resnet, print_resnet_table
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
     result = bench_resnet(args.batch, _dtype(args.dtype or "fp16"), args.in_channels,
                           **({"systems": args.systems} if args.systems else {}), **_timing_args(args, 200))
@@ -149,7 +149,7 @@ def bench_resnet_cmd(args) -> int:
 
 
 def bench_train_cmd(args) -> int:
-    from .train_bench import TRAIN_SYSTEMS, bench_train, plot_train, print_train_table
+    from .tools.train_bench import TRAIN_SYSTEMS, bench_train, plot_train, print_train_table
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/train.json")
     # Steps of 1-7 ms: 50 back-to-back steps per throughput sample are plenty.
     result = bench_train(args.batch if args.batch != RESNET_BATCHES else [512, 2048],
@@ -159,8 +159,8 @@ def bench_train_cmd(args) -> int:
 
 
 def bench_cvt_cmd(args) -> int:
-    from .bench import environment, write_json
-    from .cvt_bench import (CVT_INFER_BATCHES, CVT_INFER_SYSTEMS, CVT_TRAIN_BATCHES, CVT_TRAIN_SYSTEMS, bench_cvt,
+    from .tools.bench import environment, write_json
+    from .tools.cvt_bench import (CVT_INFER_BATCHES, CVT_INFER_SYSTEMS, CVT_TRAIN_BATCHES, CVT_TRAIN_SYSTEMS, bench_cvt,
                             merge_results, plot_cvt, print_cvt_table)
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/cvt.json")
     known = set(CVT_INFER_SYSTEMS) | set(CVT_TRAIN_SYSTEMS)
@@ -202,17 +202,17 @@ def cmd_layers(args) -> int:
 def cmd_profile(args) -> int:
     import torch
     import cutlass_ops  # noqa: F401
-    from .profiler import gpu_slug, resnet_problems, sweep
+    from .tools.profiler import gpu_slug, resnet_problems, sweep
     if not torch.cuda.is_available():
         print("profile: needs a CUDA device", file=sys.stderr)
         return 2
-    from .profiler import kernel_families
+    from .tools.profiler import kernel_families
     families = kernel_families()
     family = args.family or (families[0] if families else 80)
     if args.backward:
         # dgrad/wgrad: family 80 and cuDNN into sm80.csv, then (sm90, a CUTLASS_OPS_SM90_BACKWARD=1
         # build) family 90 into sm90.csv; --family picks one of them.
-        from .profiler import backward_families
+        from .tools.profiler import backward_families
         built = backward_families()
         backward = [args.family] if args.family else sorted(built)
         if args.family and args.family not in built:
@@ -232,7 +232,7 @@ def cmd_profile(args) -> int:
         Path(args.profiles) / gpu_slug(torch.cuda.get_device_name()) / f"sm{family}.csv")
     if args.model:
         import importlib
-        from .profiler import problems_from_model
+        from .tools.profiler import problems_from_model
         module, _, attr = args.model.partition(":")
         model = getattr(importlib.import_module(module), attr)()
         shape = [int(v) for v in args.input_shape.split(",")]
@@ -240,7 +240,7 @@ def cmd_profile(args) -> int:
     else:
         problems = resnet_problems(args.batch, args.in_channels, training=args.backward)
     if args.backward:
-        from .profiler import sweep_backward
+        from .tools.profiler import sweep_backward
         n = 0
         for fam in backward or [80]:
             path = out if args.out else out.with_name(f"sm{fam}.csv")
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
                         "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON); cvt: "
                         "FusedCvT (CvT-13, only its conv embeddings fused so far) inference and a training "
                         "step vs the same peers as resnet/train (JSON + PNGs)")
-    b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/mlp_bench.py MODELS)")
+    b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/tools/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
                    help="mlp: inference and/or train (fwd+bwd)")
     b.add_argument("--batch", type=int, nargs="+", default=RESNET_BATCHES,
@@ -321,7 +321,7 @@ def main(argv=None) -> int:
     t.add_argument("--amp", choices=["fp16", "bf16"], default=None,
                    help="mixed precision: float32 weights, torch.autocast to this dtype, GradScaler")
     t.add_argument("--out", default="bench_results/train", help="output path without suffix (.json, .png)")
-    t.set_defaults(fn=lambda a: __import__("cutlass_ops.train_check", fromlist=["main"]).main(a))
+    t.set_defaults(fn=lambda a: __import__("cutlass_ops.tools.train_check", fromlist=["main"]).main(a))
     tc = sub.add_parser("train-check-cvt", help="train FusedCvT and the CvT-13 reference side by side on a "
                                                 "fixed synthetic batch; compare and plot the loss curves")
     tc.add_argument("--steps", type=int, default=50, help="optimizer steps (default 50)")
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
                     help="mixed precision: float32 weights, torch.autocast to this dtype, GradScaler")
     tc.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     tc.add_argument("--out", default="bench_results/train_cvt", help="output path without suffix (.json, .png)")
-    tc.set_defaults(fn=lambda a: __import__("cutlass_ops.cvt_bench", fromlist=["train_check_main"]).train_check_main(a))
+    tc.set_defaults(fn=lambda a: __import__("cutlass_ops.tools.cvt_bench", fromlist=["train_check_main"]).train_check_main(a))
     pr = sub.add_parser("profile", help="time every built conv kernel on FusedResNet's conv problems and "
                                         "write profiles/<gpu>/sm<family>.csv (build with "
                                         "CUTLASS_OPS_KERNELS=sweep first); resumes an interrupted sweep")

@@ -25,7 +25,7 @@ echo "== 1. sweep build, all tests, profile"
 CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_KERNELS=sweep BUILD_DIR=build-sweep PYTHON="$PYTHON" \
   bash tests/run.sh -q > "$OUT/tests.log" 2>&1 || true
 grep -E "passed|failed|rror" "$OUT/tests.log" | tail -6
-gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.tools.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
 # Resumable: a sweep cut by the timeout leaves its rows; run the script again to finish it.
 (cd /tmp && timeout "${PROFILE_TIMEOUT:-420}" "$PYTHON" -P -m cutlass_ops profile --profiles "$OUT" 2>&1 \
    | grep -v "^  \[" | tail -5) || echo "profile: stopped by the ${PROFILE_TIMEOUT:-420} s timeout"

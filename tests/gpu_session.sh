@@ -105,14 +105,14 @@ for step in ${STEPS:-}; do
       grep -E "passed|failed|^FAILED|^ERROR|SKIPPED" "$OUT/sm90_backward_tests.log" | tail -15
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     profile90-backward)  # family-90 dgrad/wgrad on FusedResNet's training convs -> sm90.csv, then rebuild
-      gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+      gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.tools.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops profile --backward --family 90 --profiles "$REPO/profiles" \
          ${PROFILE_ARGS:---batch 512 2048} 2> "$OUT/profile90_backward.log" | tail -2) || echo "$step: stopped (rc $?)"
       cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null
       rebuild_with_profiles
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     profile90)  # the family-90 kernels on FusedResNet's convs -> profiles/<gpu>/sm90.csv, then rebuild with it
-      gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
+      gpu=$(cd /tmp && "$PYTHON" -P -c 'import torch; from cutlass_ops.tools.profiler import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))')
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops profile --family 90 --profiles "$REPO/profiles" \
          2> "$OUT/profile90.log" | tail -2) || echo "$step: stopped (rc $?)"
       cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null

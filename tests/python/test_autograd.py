@@ -146,7 +146,7 @@ def test_fused_resnet_trains_with_an_optimizer():
 
 
 def test_loss_curve_matches_the_reference():
-    from cutlass_ops.train_check import train_curves
+    from cutlass_ops.tools.train_check import train_curves
     result = train_curves(steps=6, n=4, device="cpu", dtype=torch.float32)
     assert result["max_rel_diff"] < 1e-4, result["curves"]
 
@@ -212,7 +212,7 @@ def test_autocast_casts_like_pytorch_and_keeps_float32_gradients(device, dtype):
 
 
 def test_mixed_precision_training_with_grad_scaler():
-    from cutlass_ops.train_check import train_curves
+    from cutlass_ops.tools.train_check import train_curves
     result = train_curves(steps=5, n=4, device="cpu", dtype=torch.float32, amp_dtype=torch.bfloat16)
     for losses in result["curves"].values():
         assert losses[-1] < losses[0]
@@ -223,7 +223,7 @@ def test_mixed_precision_training_with_grad_scaler():
 def test_training_step_in_a_cuda_graph_matches_eager():
     """A captured fwd+bwd step (the backward's wgrads then run on a side stream beside the
     dgrads) gives the eager step's gradients, for an input other than the captured one."""
-    from cutlass_ops.bench import graphed
+    from cutlass_ops.tools.bench import graphed
     g = torch.Generator().manual_seed(11)
     ref = randomize_(SEResNet9FixUp(3), g).to(device="cuda", dtype=torch.float16)
     model = cutlass_ops.FusedResNet.from_reference(ref).train()

@@ -30,7 +30,7 @@ def test_bench_without_cuda_says_so(what):
 def test_layer_table_maps_kernels_to_layers():
     """bench resnet's per-layer table: 16 kernels in launch order -> each conv's TFLOP/s, each
     memory-bound kernel's TB/s; another kernel sequence gives no table (never a wrong one)."""
-    from cutlass_ops.bench import layer_table
+    from cutlass_ops.tools.bench import layer_table
     peaks = {"tflops_dense_fp16_datasheet": 989.0, "hbm_tb_s_datasheet": 3.35}
     conv, se = "_ZN11cutlass_ops12conv2d_fused4sm9024conv2d_fused_sm90_kernel", "cutlass_ops::se_gate::se_gate_kernel"
     names = ["space_to_depth_conv_kernel", conv, conv, se] + [conv, conv, conv, se] * 3

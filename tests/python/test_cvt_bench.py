@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import cutlass_ops.__main__ as cli
-from cutlass_ops import cvt, cvt_bench
+from cutlass_ops import cvt
+from cutlass_ops.tools import cvt_bench
 
 
 def run(*argv):

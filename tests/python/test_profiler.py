@@ -6,7 +6,7 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from cutlass_ops.profiler import (COLUMNS, _BACKWARD_NAME, _BACKWARD_NAME90, _NAME, _NAME90, backward_families,
+from cutlass_ops.tools.profiler import (COLUMNS, _BACKWARD_NAME, _BACKWARD_NAME90, _NAME, _NAME90, backward_families,
                                   gpu_slug, kernel_families, problems_from_model, resnet_problems,
                                   sm90_wgrad_slice_candidates, split_k_candidates, sweep, sweep_backward)
 from _helpers import HAS_CUDA

@@ -15,7 +15,7 @@ predictions, by:
 Each timing covers the whole loss: the data preparation the method needs (slicing, cat,
 mask), the forward and the backward.  CUDA events, warm-up, medians (bench.time_cuda).
 
-    python -m cutlass_ops.giou_bench [out.json]
+    python -m cutlass_ops.tools.giou_bench [out.json]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .bench import environment, time_cuda, write_json
-from .giou import giou_loss_padded, giou_loss_ragged
+from ..giou import giou_loss_padded, giou_loss_ragged
 
 
 def _giou_formula(boxes1, boxes2, reduction="none", eps=1e-7):

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .bench import device_time, time_cuda, time_throughput
-from .mlp import FusedMLP
+from ..mlp import FusedMLP
 
 
 class _Sin30(nn.Module):

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .bench import environment, graphed, time_cuda
-from .ops import conv2d_fused
+from ..ops import conv2d_fused
 
 # The CUTLASS profiler's conv2d CSV columns (tools/profiler), in its order.
 COLUMNS = ("Problem,Provider,OperationKind,Operation,Disposition,Status,conv_kind,n,h,w,c,k,r,s,p,q,g,"
@@ -62,8 +62,8 @@ def resnet_problems(batch_sizes, in_channels: int = 3, training: bool = False) -
     listed here, not hooked.  training=True: the convs whose dgrad/wgrad training runs
     (conv1, conv2 and downsample; block 3's dense conv2 for its dgrad, its 3x3 conv for
     its wgrad, small_map_conv.py; the stem's backward is its own kernel)."""
-    from .models import SEResNet9FixUp
-    from .small_map_conv import runs_dense
+    from ..models import SEResNet9FixUp
+    from ..small_map_conv import runs_dense
     model = SEResNet9FixUp(in_channels)
     problems = []
     for n in batch_sizes:
@@ -341,7 +341,7 @@ def sweep_backward(problems: list[dict], out: Path, dtype=torch.float16, iters: 
     """Measures every built dgrad/wgrad kernel of `dtype` and `family` on each problem, and with
     family 80 cuDNN's too (family 90's rules compete with sm80.csv's, cuDNN's included, by
     their times); appends rows (conv_kind dgrad/wgrad) to `out`; returns rows written."""
-    from .ops import conv2d_dgrad, conv2d_wgrad
+    from ..ops import conv2d_dgrad, conv2d_wgrad
     dname = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
     name = _BACKWARD_NAME90 if family == 90 else _BACKWARD_NAME
     kernels = [m for m in map(name.match, torch.ops.cutlass_ops.conv2d_backward_kernels())

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from .bench import graphed, hand_graphed_compile, measure_systems, plot_systems, print_systems, ratios
-from .cvt import cvt13, cvt_flops, CVT13_SPEC
-from .fused_cvt import FusedCvT
+from ..cvt import cvt13, cvt_flops, CVT13_SPEC
+from ..fused_cvt import FusedCvT
 from .train_check import plot, train_losses
 
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "eager NCHW", "eager channels_last + CUDA graph",

@@ -46,8 +46,8 @@ def _step_fn(model, loss, x, mark_step: bool = False):
 
 def _train_system(name, ref, x, in_channels, dtype):
     """The step to time for system `name` (its model built from a copy of `ref`)."""
-    from .fused_resnet import FusedResNet
-    from .models import SEResNet9FixUp
+    from ..fused_resnet import FusedResNet
+    from ..models import SEResNet9FixUp
     if name.startswith("FusedResNet"):
         model = FusedResNet.from_reference(ref).train()
     else:

@@ -16,8 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._library import build_info
-from .ops import conv2d_fused
+from .._library import build_info
+from ..ops import conv2d_fused
 
 
 def environment() -> dict:
@@ -287,7 +287,7 @@ RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default") + FAMILY
 def resnet_work(n: int, in_channels: int = 3) -> dict:
     """The network's MACs and the fewest bytes the fused forward moves (fp16), counted per
     kernel: inputs read once, output written once."""
-    from .models import SEResNet9FixUp
+    from ..models import SEResNet9FixUp
     model = SEResNet9FixUp(in_channels)
     macs, act_bytes = 0, 0
     # stem: space_to_depth_conv reads the NCHW input, writes 64 channels at 16x16
@@ -336,7 +336,7 @@ def kernel_times(fn, repeat: int = 10) -> list[tuple[str, float]]:
 def resnet_reference(in_channels: int = 3, dtype=torch.float16, seed: int = 0):
     """The plain module on CUDA with random weights and random non-zero FixUp scalars
     (FixUp's zero conv2 init would flatter every system)."""
-    from .models import SEResNet9FixUp
+    from ..models import SEResNet9FixUp
     torch.manual_seed(seed)
     ref = SEResNet9FixUp(in_channels)
     with torch.no_grad():
@@ -360,8 +360,8 @@ def bench_resnet(batch_sizes=(128, 512, 2048), dtype=torch.float16, in_channels=
     """FusedResNet's forward (inference, no grad) against the peers, per batch size, in the
     three metrics (measure_systems).  Default systems: RESNET_SYSTEMS, and on an sm90 GPU
     with family-90 kernels built FAMILY_SYSTEMS too."""
-    from .fused_resnet import FusedResNet
-    from .models import SEResNet9FixUp
+    from ..fused_resnet import FusedResNet
+    from ..models import SEResNet9FixUp
     if systems is None:
         systems = RESNET_SYSTEMS + (FAMILY_SYSTEMS if _has_family_90() else ())
     unknown = [s for s in systems if s not in RESNET_SYSTEMS + RESNET_OPTIONAL_SYSTEMS]
@@ -446,7 +446,7 @@ def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
     if name == "eager channels_last + CUDA graph":
         return graphed(lambda: ref_cl(x_cl))
     if name in FAMILY_SYSTEMS:
-        from .fused_resnet import FusedResNet
+        from ..fused_resnet import FusedResNet
         model = FusedResNet.from_reference(ref, graph=True).eval()
         with _env("CUTLASS_OPS_SM90", name.rsplit("=", 1)[1]):
             model(x)  # captures its graph: the kernels chosen now are the ones it replays
@@ -492,8 +492,8 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
     device-time measurement) as layers: each conv's TFLOP/s and fraction of the dense fp16
     peak; each memory-bound kernel's (stem, se_gate) compulsory bytes, TB/s and fraction of
     HBM bandwidth.  Empty when the kernel sequence is not the one expected (16 kernels)."""
-    from .models import SEResNet9FixUp
-    from .small_map_conv import runs_dense
+    from ..models import SEResNet9FixUp
+    from ..small_map_conv import runs_dense
     model = SEResNet9FixUp(in_channels)
     hw, c = 16, 64
     # the stem reads the input and writes block 0's input

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .fused_resnet import FusedResNet
-from .models import SEResNet9FixUp
+from ..fused_resnet import FusedResNet
+from ..models import SEResNet9FixUp
 
 
 def synthetic_task(n: int, in_channels: int, device, dtype, seed: int = 0):
