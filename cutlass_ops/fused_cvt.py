@@ -1,7 +1,7 @@
 """FusedCvT: CvT (Convolutional Vision Transformer) on cutlass_ops ops, NHWC inside.
 
 A FOUNDATION, NOT FUSED YET.  Same parameters, buffers and state_dict names as the
-reference ``cutlass_ops.cvt.ConvolutionalVisionTransformer`` (``cvt13()``); only the forward
+reference ``cutlass_ops.models.cvt.ConvolutionalVisionTransformer`` (``cvt13()``); only the forward
 differs.  What runs where, per forward:
 
   fused CUTLASS kernel (``conv2d_fused``, on CUDA fp16/bf16; on the CPU and for float32/64
@@ -38,14 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
+from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
                   layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .ops import conv2d_fused, conv2d_fused_last_kernel
 
 
 class FusedCvT(ConvolutionalVisionTransformer):
-    """Drop-in for the CvT reference (``cutlass_ops.cvt``); see the module docstring for
+    """Drop-in for the CvT reference (``cutlass_ops.models.cvt``); see the module docstring for
     which parts are fused CUTLASS kernels (only the conv embeddings so far) and which are
     still PyTorch."""
 
@@ -61,7 +61,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def from_reference(cls, model: ConvolutionalVisionTransformer) -> "FusedCvT":
         """A FusedCvT with the reference's spec, weights, buffers, dtype, device and mode."""
         if not isinstance(model, ConvolutionalVisionTransformer):
-            raise TypeError(f"FusedCvT.from_reference: expected a cutlass_ops.cvt model, got {type(model).__name__}")
+            raise TypeError(f"FusedCvT.from_reference: expected a cutlass_ops.models.cvt model, got {type(model).__name__}")
         for name, m in model.named_modules():
             if isinstance(m, Block) and not isinstance(m.mlp.act, QuickGELU):
                 raise ValueError(f"FusedCvT.from_reference: {name}.mlp.act is {type(m.mlp.act).__name__}; "

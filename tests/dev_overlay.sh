@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the pure-Python parts of a source checkout against an already installed cutlass_ops op
-# library, without rebuilding: makes an overlay package (this checkout's cutlass_ops/*.py and tools/*.py,
+# library, without rebuilding: makes an overlay package (this checkout's cutlass_ops/*.py, tools/*.py and models/*.py,
 # copied, plus the installed package's compiled library and build_info.json) and runs the
 # given command with it and python/ (cutlass_ops_gen) first on PYTHONPATH.  The installed
 # library must come from a build of compatible C++ sources (e.g. main at the branch point).
@@ -13,7 +13,7 @@ OVERLAY=$(mktemp -d /tmp/cutlass_ops_overlay.XXXXXX)
 trap 'rm -rf "$OVERLAY"' EXIT
 mkdir "$OVERLAY/cutlass_ops"
 cp "$ROOT"/cutlass_ops/*.py "$OVERLAY/cutlass_ops/"  # copies: _library.py finds the library beside its resolved path
-mkdir "$OVERLAY/cutlass_ops/tools" && cp "$ROOT"/cutlass_ops/tools/*.py "$OVERLAY/cutlass_ops/tools/"
+for sub in tools models; do mkdir "$OVERLAY/cutlass_ops/$sub" && cp "$ROOT/cutlass_ops/$sub"/*.py "$OVERLAY/cutlass_ops/$sub/"; done
 for f in "$INSTALLED"/libcutlass_ops_C*.so "$INSTALLED"/build_info.json; do ln -s "$f" "$OVERLAY/cutlass_ops/"; done
 cd "$ROOT"
 # -P: the checkout root (cwd) stays off sys.path, so the overlay is what `import cutlass_ops` finds

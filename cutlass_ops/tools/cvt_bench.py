@@ -4,7 +4,7 @@
     python -m cutlass_ops train-check-cvt --steps 50     # loss curves FusedCvT vs the reference (JSON + PNG)
 
 Inference: FusedCvT (eager, and captured in a CUDA graph by hand) against the reference
-module (cutlass_ops.cvt) run as its users would: eager NCHW, eager channels_last in a CUDA
+module (cutlass_ops.models.cvt) run as its users would: eager NCHW, eager channels_last in a CUDA
 graph, torch.compile mode="max-autotune" (its own CUDA graphs) on the NCHW and the
 channels_last model, and mode="max-autotune-no-cudagraphs" captured in one CUDA graph by hand.
 A training step: gradients set to None, forward, loss = mean(out^2) in float32, backward
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .bench import graphed, hand_graphed_compile, measure_systems, plot_systems, print_systems, ratios
-from ..cvt import cvt13, cvt_flops, CVT13_SPEC
+from ..models.cvt import cvt13, cvt_flops, CVT13_SPEC
 from ..fused_cvt import FusedCvT
 from .train_check import plot, train_losses
 

@@ -9,7 +9,8 @@ import functools
 import torch
 from torch import nn
 
-from cutlass_ops import cvt, fused_cvt
+from cutlass_ops import fused_cvt
+from cutlass_ops.models import cvt
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:

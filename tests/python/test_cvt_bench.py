@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cutlass_ops.__main__ as cli
-from cutlass_ops import cvt
+from cutlass_ops.models import cvt
 from cutlass_ops.tools import cvt_bench
 
 

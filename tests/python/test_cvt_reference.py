@@ -1,4 +1,4 @@
-"""cutlass_ops.cvt (our plain-PyTorch CvT-13) against the ORIGINAL microsoft/CvT code
+"""cutlass_ops.models.cvt (our plain-PyTorch CvT-13) against the ORIGINAL microsoft/CvT code
 (tests/python/cvt_original/cls_cvt.py, executed unchanged by _cvt_original with stand-ins for
 its timm/einops imports): config, module tree, state_dict names/shapes, initialisation,
 outputs and gradients.  The original cannot run in float64 (its LayerNorm casts the input to

@@ -1,4 +1,4 @@
-"""FusedCvT against the plain-PyTorch CvT-13 reference (cutlass_ops.cvt): outputs, every
+"""FusedCvT against the plain-PyTorch CvT-13 reference (cutlass_ops.models.cvt): outputs, every
 parameter's gradient, BatchNorm running statistics, errors for bad input.  Random weights
 and random BatchNorm running statistics and affine parameters (_cvt_testing.randomize).
 
@@ -282,7 +282,7 @@ def test_fused_cvt_from_reference_rejects_other_modules():
                                               spec=cvt.CVT13_SPEC)
     with pytest.raises(ValueError, match="QuickGELU"):
         FusedCvT.from_reference(gelu)
-    with pytest.raises(TypeError, match="cutlass_ops.cvt model"):
+    with pytest.raises(TypeError, match="cutlass_ops.models.cvt model"):
         FusedCvT.from_reference(torch.nn.Linear(2, 2))
 
 

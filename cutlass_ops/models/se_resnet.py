@@ -1,4 +1,4 @@
-"""Plain PyTorch reference networks, with the original state_dict names.
+"""SE-ResNet9-FixUp in plain PyTorch, with the original state_dict names.
 
 ``SEResNet9FixUp`` is bps-nav's ``se_resnet9_fixup`` (base planes 64, input 64x64):
 the reference the fused implementation (``cutlass_ops.FusedResNet``) is checked against
