@@ -24,8 +24,10 @@ def _cuda() -> bool:
 def cmd_info(args) -> int:
     import cutlass_ops
     from .tools.bench import environment
-    from ._library import unsupported_gpus
+    from ._library import driver_version, unsupported_gpus
     info = environment()
+    driver = driver_version()
+    info["driver_supports_cuda"] = f"{driver // 1000}.{driver % 1000 // 10}" if driver else None
     info["cuda_kernels_built"] = cutlass_ops.cuda_kernels_built()
     info["conv2d_fused_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_fused_kernels(family))
                                     for family in (70, 80, 90)}

@@ -1,9 +1,11 @@
 """Loads the compiled op library (libcutlass_ops_C.so) that the build installs here, after
 checking that it can work in this process: the torch it was built against (its C++ ABI
-changes between torch minor versions) and, per visible GPU, whether it holds machine code
-or PTX that the GPU can run."""
+changes between torch minor versions), the CUDA major version of that torch and of the
+driver (the library links the CUDA runtime of its toolkit) and, per visible GPU, whether it
+holds machine code or PTX that the GPU can run."""
 from __future__ import annotations
 
+import ctypes
 import json
 import warnings
 from pathlib import Path
@@ -42,6 +44,49 @@ def torch_mismatch(built: str, running: str) -> str | None:
             f"(`pip install --no-build-isolation .`).")
 
 
+def _cuda_major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
+
+
+def cuda_mismatch(built_cuda: str, torch_cuda: str | None) -> str | None:
+    """Why a library built with CUDA `built_cuda` (e.g. "13.0.88"; "" for a CPU-only build)
+    cannot load into a torch built for CUDA `torch_cuda` (torch.version.cuda; None: a CPU-only
+    torch).  None: it can.  The library links its toolkit's CUDA runtime (libcudart.so.<major>),
+    which torch's CUDA build of the same major version provides."""
+    built = _cuda_major(built_cuda) if built_cuda else None
+    if built is None:
+        return None
+    if torch_cuda is None:
+        return (f"cutlass_ops was built with CUDA {built_cuda} but this torch ({torch.__version__}) is a "
+                f"CPU-only build: install torch's CUDA {built} build (e.g. `pip install torch` from "
+                f"https://download.pytorch.org/whl/cu{built}0), or build cutlass_ops without CUDA "
+                f"(CUTLASS_OPS_CUDA=OFF).")
+    if _cuda_major(torch_cuda) != built:
+        return (f"cutlass_ops was built with CUDA {built_cuda} but this torch ({torch.__version__}) is built "
+                f"for CUDA {torch_cuda}: the op library needs the CUDA {built} runtime. Install the "
+                f"cutlass_ops wheel built with CUDA {_cuda_major(torch_cuda)}, or rebuild against this torch.")
+    return None
+
+
+def old_driver(built_cuda: str, driver_version: int | None) -> str | None:
+    """Why a driver that supports CUDA `driver_version` (the driver API's number, e.g. 12080 for
+    12.8; None or 0: no driver) cannot run a library built with CUDA `built_cuda`.  None: it
+    can.  A CUDA X.y runtime runs on any driver for X.0 or newer (minor-version compatibility),
+    not on an older major version."""
+    built = _cuda_major(built_cuda) if built_cuda else None
+    if built is None or not driver_version:
+        return None
+    driver_major, driver_minor = driver_version // 1000, (driver_version % 1000) // 10
+    if driver_major >= built:
+        return None
+    return (f"cutlass_ops was built with CUDA {built_cuda}, which needs a driver for CUDA {built}.0 or "
+            f"newer; this machine's driver supports CUDA {driver_major}.{driver_minor}. Update the NVIDIA "
+            f"driver, or install a cutlass_ops (and torch) built for CUDA {driver_major}.")
+
+
 def unsupported_gpu(name: str, capability: tuple[int, int], archs: str) -> str | None:
     """Why a GPU of this compute capability cannot run a library built for `archs` (e.g.
     "80;86;90"; None: it can).  Machine code for sm_XY runs on X.Y..X.9; the PTX of the newest
@@ -71,9 +116,25 @@ def unsupported_gpus() -> dict[int, str]:
     return out
 
 
-_mismatch = torch_mismatch(build_info().get("torch", ""), torch.__version__)
+def driver_version() -> int | None:
+    """The CUDA version the installed driver supports (cuDriverGetVersion, e.g. 13000 for 13.0;
+    torch has no API for it), None without a driver (libcuda.so.1 absent)."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    return version.value if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
+
+
+_mismatch = (torch_mismatch(build_info().get("torch", ""), torch.__version__)
+             or cuda_mismatch(build_info().get("cuda", ""), torch.version.cuda))
 if _mismatch:
     raise ImportError(_mismatch)
+_old_driver = old_driver(build_info().get("cuda", ""), driver_version())
+if _old_driver:
+    # torch itself may still import (its CPU ops work): say why the CUDA ops will not.
+    warnings.warn(_old_driver, RuntimeWarning, stacklevel=2)
 torch.ops.load_library(str(_find_library()))
 for _why in unsupported_gpus().values():
     warnings.warn(_why, RuntimeWarning, stacklevel=2)

@@ -31,3 +31,23 @@ def test_gpu_arch_coverage(capability, archs, runs):
 def test_build_info_names_archs_and_torch():
     info = build_info()
     assert {"archs", "torch", "cuda", "kernels"} <= set(info)
+
+
+def test_cuda_runtime_major_must_match_torch():
+    from cutlass_ops._library import cuda_mismatch
+    assert cuda_mismatch("13.0.88", "13.0") is None
+    assert cuda_mismatch("13.0.88", "13.2") is None                      # one major: one libcudart
+    assert cuda_mismatch("", None) is None and cuda_mismatch("", "12.8") is None   # a CPU-only build
+    why = cuda_mismatch("13.0.88", "12.8")
+    assert "CUDA 13.0.88" in why and "CUDA 12.8" in why and "CUDA 12" in why
+    why = cuda_mismatch("13.0.88", None)
+    assert "CPU-only" in why and "CUDA 13.0.88" in why
+
+
+def test_driver_older_than_the_toolkit():
+    from cutlass_ops._library import old_driver
+    assert old_driver("13.0.88", 13000) is None and old_driver("13.0.88", 13020) is None
+    assert old_driver("12.8.61", 13000) is None                          # a newer driver runs older runtimes
+    assert old_driver("13.0.88", None) is None and old_driver("", 12080) is None
+    why = old_driver("13.0.88", 12080)
+    assert "CUDA 13.0.88" in why and "supports CUDA 12.8" in why and "driver" in why
