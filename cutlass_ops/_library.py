@@ -1,6 +1,6 @@
 """Loads the compiled op library (libcutlass_ops_C.so) that the build installs here, after
-checking that it can work in this process: the torch it was built against (its C++ ABI
-changes between torch minor versions), the CUDA major version of that torch and of the
+checking that it can work in this process: torch at least the version whose stable ABI it
+uses (it loads into every later torch), the CUDA major version of that torch and of the
 driver (the library links the CUDA runtime of its toolkit) and, per visible GPU, whether it
 holds machine code or PTX that the GPU can run."""
 from __future__ import annotations
@@ -31,16 +31,29 @@ def build_info() -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def torch_mismatch(built: str, running: str) -> str | None:
-    """Why a library built against torch `built` cannot load into torch `running` (None: it can).
-    torch's C++ ABI holds within a minor version (2.11.x), not across."""
-    def minor(version: str) -> tuple:
-        return tuple(version.split("+")[0].split(".")[:2])
-    if not built or minor(built) == minor(running):
+def _release(version: str) -> tuple[int, ...]:
+    """(2, 11) of "2.11.0+cu130"."""
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+def torch_mismatch(info: dict, running: str) -> str | None:
+    """Why a library with these build facts cannot load into torch `running` (None: it can).
+    A stable-ABI library (torch_abi "stable") loads into its minimum torch (torch_min) and
+    every later one; a library of torch's C++ ABI (older builds) only into the minor version
+    it was built against."""
+    built, torch_min = info.get("torch", ""), info.get("torch_min", "")
+    if info.get("torch_abi") == "stable" and torch_min:
+        if _release(running) >= _release(torch_min):
+            return None
+        return (f"cutlass_ops needs torch >= {torch_min} but this is torch {running}: its op library uses "
+                f"LibTorch's stable ABI as of torch {torch_min} (built against torch {built}). Upgrade "
+                f"torch (`pip install 'torch>={torch_min}'`).")
+    if not built or _release(built) == _release(running):
         return None
+    minor = ".".join(map(str, _release(running)))
     return (f"cutlass_ops was built against torch {built} and cannot load into torch {running}: its op "
             f"library uses torch's C++ ABI, which changes between torch minor versions. Install the "
-            f"cutlass_ops wheel built for torch {'.'.join(minor(running))}, or rebuild against this torch "
+            f"cutlass_ops wheel built for torch {minor}, or rebuild against this torch "
             f"(`pip install --no-build-isolation .`).")
 
 
@@ -127,7 +140,7 @@ def driver_version() -> int | None:
     return version.value if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
 
 
-_mismatch = (torch_mismatch(build_info().get("torch", ""), torch.__version__)
+_mismatch = (torch_mismatch(build_info(), torch.__version__)
              or cuda_mismatch(build_info().get("cuda", ""), torch.version.cuda))
 if _mismatch:
     raise ImportError(_mismatch)

@@ -2,16 +2,26 @@
 // (cudaGetDeviceProperties is not), so they are looked up each time, not cached.
 #pragma once
 
-#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 namespace cutlass_ops {
 
+// A failed CUDA runtime call as a RuntimeError naming the call and the error.
+#define CUTLASS_OPS_CUDA_CHECK(expr)                                                              \
+  do {                                                                                            \
+    cudaError_t const cutlass_ops_err_ = (expr);                                                  \
+    if (cutlass_ops_err_ != cudaSuccess)                                                          \
+      throw std::runtime_error(std::string("CUDA error: ") + cudaGetErrorString(cutlass_ops_err_) + \
+                               " (" #expr ", " __FILE__ ":" + std::to_string(__LINE__) + ")");    \
+  } while (0)
+
 inline int device_attribute(cudaDeviceAttr attr, int device) {
   int value = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  CUTLASS_OPS_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
   return value;
 }
 

@@ -3,12 +3,6 @@
 // are multiples of 8 on sm80+, unless the build's profile measured cuDNN faster; else cuDNN
 // (through ATen).  Either way the FixUp scale is applied by our weight-sized kernels
 // (weight_grad_kernel.h): wgrad's epilogue pass, and the scaled operand cuDNN's dgrad reads.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <c10/util/Exception.h>
-#include <torch/library.h>
-
 #include <string>
 #include <vector>
 
@@ -23,13 +17,13 @@ namespace conv2d_backward {
 
 namespace {
 
-bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+bool is_half(ScalarType t) { return t == kHalf || t == kBFloat16; }
 
-Conv2dBackwardArgs make_args(ConvKind kind, at::Tensor const& grad_output, ConvShape const& s,
-                             at::IntArrayRef stride, at::IntArrayRef padding) {
+Conv2dBackwardArgs make_args(ConvKind kind, Tensor const& grad_output, ConvShape const& s, IntArrayRef stride,
+                             IntArrayRef padding) {
   Conv2dBackwardArgs a{};
   a.kind = kind;
-  a.dtype = grad_output.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
+  a.dtype = grad_output.scalar_type() == kHalf ? DType::kF16 : DType::kBF16;
   a.N = s.N; a.H = s.H; a.W = s.W; a.C = s.C; a.K = s.K; a.R = s.R; a.S = s.S; a.P = s.P; a.Q = s.Q;
   a.pad_h = padding[0]; a.pad_w = padding[1]; a.stride_h = stride[0]; a.stride_w = stride[1];
   return a;
@@ -53,98 +47,102 @@ Plan plan_for(Conv2dBackwardArgs const& a, int dev) {
   }
   Plan p = plan(a, compute_capability(dev), multiprocessor_count(dev),
                 forced.kernel.empty() ? nullptr : forced.kernel.c_str(), forced.split_k, sm90_policy_from_env());
-  TORCH_CHECK_VALUE(p.kernel != nullptr || forced.kernel.empty(), "conv2d_backward: the forced kernel ",
-                    forced.kernel, " cannot run this problem: ", p.why_not);
+  CUTLASS_OPS_CHECK_VALUE(p.kernel != nullptr || forced.kernel.empty(), "conv2d_backward: the forced kernel ",
+                          forced.kernel, " cannot run this problem: ", p.why_not);
   return p;
 }
 
 // Runs the plan's kernel; false (nothing launched) when no kernel fits.
-bool run_planned(Conv2dBackwardArgs a, at::Tensor const& out, char const* op, Plan const& p) {
+bool run_planned(Conv2dBackwardArgs a, Tensor const& out, char const* op, Plan const& p) {
   if (p.kernel == nullptr) {
     if (p.prefer_cudnn) return false;  // a choice, not a gap: no warning
-    TORCH_WARN_ONCE("cutlass_ops.", op, ": no generated kernel fits (", p.why_not,
-                    "); using the slower ATen composite (cuDNN).");
+    CUTLASS_OPS_WARN_ONCE("cutlass_ops.", op, ": no generated kernel fits (", p.why_not,
+                          "); using the slower ATen composite (cuDNN).");
     return false;
   }
   a.split_k_slices = p.split_k_slices;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(out.device().index()).stream();
+  cudaStream_t stream = current_cuda_stream(out.get_device_index());
   cutlass::Status status = p.kernel->run(a, stream, /*query=*/false);
-  TORCH_CHECK(status == cutlass::Status::kSuccess, op, ": kernel ", p.kernel->name, " failed: ",
-              cutlassGetStatusString(status), " (", cudaGetErrorString(cudaGetLastError()),
-              "; was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  CUTLASS_OPS_CHECK(status == cutlass::Status::kSuccess, op, ": kernel ", p.kernel->name, " failed: ",
+                    cutlassGetStatusString(status), " (", cudaGetErrorString(cudaGetLastError()),
+                    "; was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
+  CUTLASS_OPS_CUDA_CHECK(cudaGetLastError());
   last_kernel_slot() = p.kernel->name;
   return true;
 }
 
-Elem elem_of(at::ScalarType t) {
-  return t == at::kHalf ? Elem::kF16 : t == at::kBFloat16 ? Elem::kBF16 : Elem::kF32;
+Elem elem_of(ScalarType t) {
+  return t == kHalf ? Elem::kF16 : t == kBFloat16 ? Elem::kBF16 : Elem::kF32;
 }
 
 // scale * t (a channels_last 16-bit tensor) in one kernel.
-at::Tensor scaled(at::Tensor const& t, at::Tensor const& scale_f, int dev) {
-  auto in = t.contiguous(at::MemoryFormat::ChannelsLast);
-  auto out = at::empty_like(in);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
-  C10_CUDA_CHECK(launch_scaled_copy(in.data_ptr(), elem_of(in.scalar_type()), in.numel(), scale_f.data_ptr<float>(),
-                                    out.data_ptr(), weight_grad_blocks(in.numel(), multiprocessor_count(dev)), stream));
+Tensor scaled(Tensor const& t, Tensor const& scale_f, int dev) {
+  Tensor in = torch::stable::contiguous(t, kChannelsLast);
+  Tensor out = torch::stable::empty_like(in);
+  cudaStream_t stream = current_cuda_stream(dev);
+  CUTLASS_OPS_CUDA_CHECK(launch_scaled_copy(in.data_ptr(), elem_of(in.scalar_type()), in.numel(),
+                                            scale_f.mutable_data_ptr<float>(), out.data_ptr(),
+                                            weight_grad_blocks(in.numel(), multiprocessor_count(dev)), stream));
   return out;
 }
 
 }  // namespace
 
-at::Tensor conv2d_dgrad_cuda(at::Tensor const& grad_output, at::Tensor const& weight, at::IntArrayRef input_size,
-                             at::IntArrayRef stride, at::IntArrayRef padding,
-                             c10::optional<at::Tensor> const& scale) {
+Tensor conv2d_dgrad_cuda(Tensor const& grad_output, Tensor const& weight, IntArrayRef input_size, IntArrayRef stride,
+                         IntArrayRef padding, std::optional<Tensor> const& scale) {
   ConvShape s = check_dgrad(grad_output, weight, input_size, stride, padding, scale);
   if (!is_half(grad_output.scalar_type()) || !fits_int32(s)) {
     return conv2d_dgrad_aten(grad_output, weight, input_size, stride, padding, scale);
   }
-  c10::cuda::CUDAGuard guard(grad_output.device());
-  auto cl = at::MemoryFormat::ChannelsLast;
-  int dev = grad_output.device().index();
-  at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
+  DeviceGuard guard(grad_output.get_device_index());
+  auto cl = kChannelsLast;
+  int dev = grad_output.get_device_index();
+  Tensor scale_f =
+      scale ? torch::stable::contiguous(torch::stable::reshape(to_dtype(*scale, kFloat), {1})) : Tensor();
   if (grad_output.numel() == 0 || s.N * s.C * s.H * s.W == 0) {
     last_kernel_slot() = "none (empty)";
-    return at::zeros({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl));
+    // Contiguous (NCHW), as before the port: ATen's zeros ignored the channels_last asked for.
+    return zeros({s.N, s.C, s.H, s.W}, grad_output.scalar_type(), grad_output.device());
   }
-  at::Tensor dy = grad_output.contiguous(cl), w = weight.contiguous(cl);
+  Tensor dy = torch::stable::contiguous(grad_output, cl), w = torch::stable::contiguous(weight, cl);
   Conv2dBackwardArgs a = make_args(ConvKind::kDgrad, grad_output, s, stride, padding);
   a.grad_output = dy.data_ptr();
   a.weight = w.data_ptr();
-  a.scale = scale ? scale_f.data_ptr<float>() : nullptr;
+  a.scale = scale ? scale_f.mutable_data_ptr<float>() : nullptr;
   a.output = nullptr;  // planned before the allocation (allocations are 256-byte aligned)
   Plan p = plan_for(a, dev);
-  at::Tensor dx = p.kernel != nullptr ? at::empty({s.N, s.C, s.H, s.W}, grad_output.options().memory_format(cl))
-                                      : at::Tensor();
+  Tensor dx = p.kernel != nullptr ? empty({s.N, s.C, s.H, s.W}, grad_output.scalar_type(), grad_output.device(), cl)
+                                  : Tensor();
   a.output = p.kernel != nullptr ? dx.data_ptr() : nullptr;
   if (!run_planned(a, dx, "conv2d_dgrad", p)) {
     // cuDNN's dgrad takes no alpha: the scale goes into the smaller operand (the weight,
     // or dy where the batch is small and the weight large: block 3's convs).
     bool const scale_dy = scale && dy.numel() < w.numel();
     dx = conv2d_dgrad_aten(scale_dy ? scaled(dy, scale_f, dev) : dy, scale && !scale_dy ? scaled(w, scale_f, dev) : w,
-                           input_size, stride, padding, c10::nullopt);
+                           input_size, stride, padding, std::nullopt);
     if (p.prefer_cudnn) last_kernel_slot() = cudnn_label(p);
   }
   return dx;
 }
 
-std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_output, at::Tensor const& input,
-                                                     at::Tensor const& weight, at::IntArrayRef stride,
-                                                     at::IntArrayRef padding, c10::optional<at::Tensor> const& scale) {
+std::tuple<Tensor, Tensor> conv2d_wgrad_cuda(Tensor const& grad_output, Tensor const& input, Tensor const& weight,
+                                             IntArrayRef stride, IntArrayRef padding,
+                                             std::optional<Tensor> const& scale) {
   ConvShape s = check_wgrad(grad_output, input, weight, stride, padding, scale);
   if (!is_half(grad_output.scalar_type()) || !fits_int32(s)) {
     return conv2d_wgrad_aten(grad_output, input, weight, stride, padding, scale);
   }
-  c10::cuda::CUDAGuard guard(grad_output.device());
-  auto cl = at::MemoryFormat::ChannelsLast;
-  auto f32 = grad_output.options().dtype(at::kFloat);
-  int dev = grad_output.device().index();
+  DeviceGuard guard(grad_output.get_device_index());
+  auto cl = kChannelsLast;
+  Device const device = grad_output.device();  // float32 tensors: on grad_output's device
+  int dev = grad_output.get_device_index();
   if (grad_output.numel() == 0) {
     last_kernel_slot() = "none (empty)";
-    return {at::zeros({s.K, s.C, s.R, s.S}, weight.options().memory_format(cl)), at::zeros({}, f32)};
+    // dw contiguous (KCRS), as before the port: ATen's zeros ignored the channels_last asked for.
+    return {zeros({s.K, s.C, s.R, s.S}, weight.scalar_type(), weight.device()), zeros({}, kFloat, device)};
   }
-  at::Tensor dy = grad_output.contiguous(cl), x = input.contiguous(cl), w = weight.contiguous(cl);
+  Tensor dy = torch::stable::contiguous(grad_output, cl), x = torch::stable::contiguous(input, cl),
+         w = torch::stable::contiguous(weight, cl);
   Conv2dBackwardArgs a = make_args(ConvKind::kWgrad, grad_output, s, stride, padding);
   a.grad_output = dy.data_ptr();
   a.input = x.data_ptr();
@@ -152,30 +150,36 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
   Plan p = plan_for(a, dev);
   // G: our kernel's float32 partial sums, slices x (K, R, S, C), or cuDNN's 16-bit dw
   // (channels_last (K, C, R, S): the same K, R, S, C order in memory).
-  at::Tensor g;
+  Tensor g;
   int slices = 1;
   if (p.kernel != nullptr) {
     slices = p.split_k_slices;
-    g = at::empty({slices, s.K, s.R, s.S, s.C}, f32);
+    g = empty({slices, s.K, s.R, s.S, s.C}, kFloat, device);
     a.output = g.data_ptr();
     run_planned(a, g, "conv2d_wgrad", p);
   } else {
     run_planned(a, g, "conv2d_wgrad", p);  // launches nothing; warns unless cuDNN was chosen
-    g = std::get<1>(at::convolution_backward(dy, x, w, c10::nullopt, stride, padding, {1, 1}, false, {0, 0}, 1,
-                                             {false, true, false}))
-            .contiguous(cl);
+    // aten::convolution_backward(grad_output, input, weight, bias_sizes=None, stride, padding,
+    //   dilation=[1, 1], transposed=False, output_padding=[0, 0], groups=1, output_mask)
+    auto grads = aten_call_multi<Tensor, Tensor, Tensor>(
+        "aten::convolution_backward", "", dy, x, w, std::nullopt, stride, padding, std::vector<int64_t>{1, 1}, false,
+        std::vector<int64_t>{0, 0}, int64_t(1), BoolList{{false, true, false}});
+    g = torch::stable::contiguous(std::get<1>(grads), cl);
   }
   // One pass over G: the split's sum, dw = scale * G, and <w, G>.
-  at::Tensor scale_f = scale ? scale->to(at::kFloat).reshape({1}).contiguous() : at::Tensor();
+  Tensor scale_f =
+      scale ? torch::stable::contiguous(torch::stable::reshape(to_dtype(*scale, kFloat), {1})) : Tensor();
   int64_t n = w.numel();
   int blocks = weight_grad_blocks(n, multiprocessor_count(dev));
-  auto dw = at::empty({s.K, s.R, s.S, s.C}, w.options().memory_format(at::MemoryFormat::Contiguous));
-  auto scratch = at::empty({blocks + 1}, f32);  // the per-block dots, then the finished-block count
-  auto dot = at::empty({}, f32);
+  Tensor dw = empty({s.K, s.R, s.S, s.C}, w.scalar_type(), w.device(), kContiguous);
+  Tensor scratch = empty({blocks + 1}, kFloat, device);  // the per-block dots, then the finished-block count
+  Tensor dot = empty({}, kFloat, device);
   WgradEpilogueArgs e{g.data_ptr(), elem_of(g.scalar_type()), slices, n, w.data_ptr(), elem_of(w.scalar_type()),
-                      scale ? scale_f.data_ptr<float>() : nullptr, dw.data_ptr(), scratch.data_ptr<float>(),
-                      reinterpret_cast<unsigned*>(scratch.data_ptr<float>() + blocks), dot.data_ptr<float>()};
-  C10_CUDA_CHECK(launch_wgrad_epilogue(e, blocks, c10::cuda::getCurrentCUDAStream(dev).stream()));
+                      scale ? scale_f.mutable_data_ptr<float>() : nullptr, dw.data_ptr(),
+                      scratch.mutable_data_ptr<float>(),
+                      reinterpret_cast<unsigned*>(scratch.mutable_data_ptr<float>() + blocks),
+                      dot.mutable_data_ptr<float>()};
+  CUTLASS_OPS_CUDA_CHECK(launch_wgrad_epilogue(e, blocks, current_cuda_stream(dev)));
   if (p.kernel == nullptr) {
     last_kernel_slot() = (p.prefer_cudnn ? cudnn_label(p) : std::string("aten")) + " + wgrad epilogue";
   } else {
@@ -184,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_wgrad_cuda(at::Tensor const& grad_outp
                           (p.kernel->family == 90 ? " batch slice(s)" : " split-K slice(s)");
   }
   // (K, R, S, C) memory is (K, C, R, S) channels_last.
-  return {dw.permute({0, 3, 1, 2}), dot};
+  return {aten_call("aten::permute", "", dw, std::vector<int64_t>{0, 3, 1, 2}), dot};
 }
 
 std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kNumKernels); }
@@ -192,12 +196,16 @@ std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kN
 }  // namespace conv2d_backward
 }  // namespace cutlass_ops
 
-TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // The generated dgrad/wgrad kernels of this build (not registered in a CPU-only build).
-  m.def("conv2d_backward_kernels() -> str[]", &cutlass_ops::conv2d_backward::kernel_names);
+  m.def("conv2d_backward_kernels() -> str[]");
 }
 
-TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
-  m.impl("conv2d_dgrad", &cutlass_ops::conv2d_backward::conv2d_dgrad_cuda);
-  m.impl("conv2d_wgrad", &cutlass_ops::conv2d_backward::conv2d_wgrad_cuda);
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CompositeExplicitAutograd, m) {
+  m.impl("conv2d_backward_kernels", TORCH_BOX(&cutlass_ops::conv2d_backward::kernel_names));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
+  m.impl("conv2d_dgrad", TORCH_BOX(&cutlass_ops::conv2d_backward::conv2d_dgrad_cuda));
+  m.impl("conv2d_wgrad", TORCH_BOX(&cutlass_ops::conv2d_backward::conv2d_wgrad_cuda));
 }

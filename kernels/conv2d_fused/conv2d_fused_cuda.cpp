@@ -1,12 +1,6 @@
 // CUDA implementation of cutlass_ops::conv2d_fused: lays the tensors out as the generated
 // CUTLASS kernels expect (NHWC, float32 epilogue operands) and runs the first kernel of the
 // dispatch table that fits.  Shapes or dtypes no kernel covers take the ATen composite.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <c10/util/Exception.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -22,12 +16,12 @@ namespace conv2d_fused {
 namespace {
 
 // channels_last without a copy when it already is; float32 epilogue operands likewise.
-at::Tensor as_nhwc(at::Tensor const& t) { return t.contiguous(at::MemoryFormat::ChannelsLast); }
+Tensor as_nhwc(Tensor const& t) { return torch::stable::contiguous(t, kChannelsLast); }
 
-at::Tensor as_float_vector(at::Tensor const& t) {
-  auto f = t.to(at::kFloat).contiguous();
+Tensor as_float_vector(Tensor const& t) {
+  Tensor f = torch::stable::contiguous(to_dtype(t, kFloat));
   // The epilogue reads the bias with vector loads of up to 8 floats.
-  if (reinterpret_cast<std::uintptr_t>(f.data_ptr()) % 32 != 0) f = f.clone();
+  if (reinterpret_cast<std::uintptr_t>(f.data_ptr()) % 32 != 0) f = torch::stable::clone(f);
   return f;
 }
 
@@ -43,21 +37,18 @@ Sm90Policy sm90_policy_from_env() {
 
 }  // namespace
 
-at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
-                             c10::optional<at::Tensor> const& bias,
-                             c10::optional<at::Tensor> const& residual,
-                             c10::optional<at::Tensor> const& scale,
-                             c10::optional<at::Tensor> const& post_bias, at::IntArrayRef stride,
-                             at::IntArrayRef padding, bool relu) {
+Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
+                         std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
+                         std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding,
+                         bool relu) {
   OutputShape out = check_inputs(input, weight, bias, residual, scale, post_bias, stride, padding);
   auto dtype = input.scalar_type();
-  if (dtype != at::kHalf && dtype != at::kBFloat16) {
+  if (dtype != kHalf && dtype != kBFloat16) {
     // float32/float64 have no tensor-core kernels here; the composite is exact and documented.
     return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
   }
-  c10::cuda::CUDAGuard guard(input.device());
-  auto output = at::empty({out.N, out.K, out.P, out.Q},
-                          input.options().memory_format(at::MemoryFormat::ChannelsLast));
+  DeviceGuard guard(input.get_device_index());
+  Tensor output = empty({out.N, out.K, out.P, out.Q}, dtype, input.device(), kChannelsLast);
   if (output.numel() == 0) {
     last_kernel_slot() = "none (empty)";
     return output;
@@ -69,27 +60,29 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   if (input.numel() >= INT32_MAX || output.numel() >= INT32_MAX) {
     int64_t const per = (int64_t(INT32_MAX) - 1) / std::max(in_image, out_image);
     if (per == 0) {
-      TORCH_WARN_ONCE("cutlass_ops.conv2d_fused: one image over 2^31 elements; using the slower ATen composite");
+      CUTLASS_OPS_WARN_ONCE(
+          "cutlass_ops.conv2d_fused: one image over 2^31 elements; using the slower ATen composite");
       return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
     }
     for (int64_t n0 = 0; n0 < out.N; n0 += per) {
       int64_t const nb = std::min(per, out.N - n0);
-      c10::optional<at::Tensor> res_part = residual ? c10::optional<at::Tensor>(residual->narrow(0, n0, nb)) : residual;
-      output.narrow(0, n0, nb).copy_(conv2d_fused_cuda(input.narrow(0, n0, nb), weight, bias, res_part, scale,
+      std::optional<Tensor> res_part = residual ? std::optional<Tensor>(narrowed(*residual, 0, n0, nb)) : residual;
+      Tensor out_part = narrowed(output, 0, n0, nb);
+      torch::stable::copy_(out_part, conv2d_fused_cuda(narrowed(input, 0, n0, nb), weight, bias, res_part, scale,
                                                        post_bias, stride, padding, relu));
     }
     return output;
   }
 
-  at::Tensor x = as_nhwc(input), w = as_nhwc(weight);
-  at::Tensor res = residual ? as_nhwc(*residual) : at::Tensor();
-  at::Tensor bias_vec, bias_scalar, scale_f, post_bias_f;
+  Tensor x = as_nhwc(input), w = as_nhwc(weight);
+  Tensor res = residual ? as_nhwc(*residual) : Tensor();
+  Tensor bias_vec, bias_scalar, scale_f, post_bias_f;
   if (bias) (bias->dim() == 1 ? bias_vec : bias_scalar) = as_float_vector(*bias);
   if (scale) scale_f = as_float_vector(*scale);
   if (post_bias) post_bias_f = as_float_vector(*post_bias);
 
   Conv2dFusedArgs a{};
-  a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
   a.N = out.N; a.H = input.size(2); a.W = input.size(3); a.C = input.size(1);
   a.K = out.K; a.R = weight.size(2); a.S = weight.size(3); a.P = out.P; a.Q = out.Q;
   a.pad_h = padding[0]; a.pad_w = padding[1]; a.stride_h = stride[0]; a.stride_w = stride[1];
@@ -97,19 +90,19 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   a.weight = w.data_ptr();
   a.residual = res.defined() ? res.data_ptr() : nullptr;
   a.output = output.data_ptr();
-  a.bias = bias_vec.defined() ? bias_vec.data_ptr<float>() : nullptr;
-  a.bias_scalar = bias_scalar.defined() ? bias_scalar.data_ptr<float>() : nullptr;
-  a.scale = scale_f.defined() ? scale_f.data_ptr<float>() : nullptr;
-  a.post_bias = post_bias_f.defined() ? post_bias_f.data_ptr<float>() : nullptr;
+  a.bias = bias_vec.defined() ? bias_vec.mutable_data_ptr<float>() : nullptr;
+  a.bias_scalar = bias_scalar.defined() ? bias_scalar.mutable_data_ptr<float>() : nullptr;
+  a.scale = scale_f.defined() ? scale_f.mutable_data_ptr<float>() : nullptr;
+  a.post_bias = post_bias_f.defined() ? post_bias_f.mutable_data_ptr<float>() : nullptr;
   a.relu = relu;
   // Semaphores for serial split-K: one int per output tile (the dispatcher only splits
   // when there are fewer tiles than SMs).
-  at::Tensor workspace = at::empty({4096}, input.options().dtype(at::kInt));
+  Tensor workspace = empty({4096}, kInt, input.device());
   a.workspace = workspace.data_ptr();
-  a.workspace_bytes = workspace.nbytes();
+  a.workspace_bytes = nbytes(workspace);
 
-  int dev = input.device().index();
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev).stream();
+  int dev = input.get_device_index();
+  cudaStream_t stream = current_cuda_stream(dev);
   int cc = compute_capability(dev);
   a.programmatic_launch = programmatic_launch_allowed(dev);
   a.sm90_policy = sm90_policy_from_env();
@@ -117,18 +110,18 @@ at::Tensor conv2d_fused_cuda(at::Tensor const& input, at::Tensor const& weight,
   std::string const& forced = forced_choice.kernel;
   LaunchResult r = launch(a, cc, multiprocessor_count(dev), stream,
                           forced.empty() ? nullptr : forced.c_str(), forced_choice.split_k);
-  TORCH_CHECK_VALUE(r.kernel != nullptr || forced.empty(), "conv2d_fused: the forced kernel ",
-                    forced, " cannot run this problem: ", r.why_not);
+  CUTLASS_OPS_CHECK_VALUE(r.kernel != nullptr || forced.empty(), "conv2d_fused: the forced kernel ",
+                          forced, " cannot run this problem: ", r.why_not);
   if (r.kernel == nullptr) {
-    TORCH_WARN_ONCE("cutlass_ops.conv2d_fused: no generated kernel fits (", r.why_not,
-                    "); using the slower ATen composite. Channel counts that are multiples "
-                    "of 8 take the fastest kernels.");
+    CUTLASS_OPS_WARN_ONCE("cutlass_ops.conv2d_fused: no generated kernel fits (", r.why_not,
+                          "); using the slower ATen composite. Channel counts that are multiples "
+                          "of 8 take the fastest kernels.");
     return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
   }
-  TORCH_CHECK(r.status == cutlass::Status::kSuccess, "conv2d_fused: kernel ", r.kernel->name,
-              " failed to launch: ", cudaGetErrorString(cudaGetLastError()),
-              " (was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  CUTLASS_OPS_CHECK(r.status == cutlass::Status::kSuccess, "conv2d_fused: kernel ", r.kernel->name,
+                    " failed to launch: ", cudaGetErrorString(cudaGetLastError()),
+                    " (was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
+  CUTLASS_OPS_CUDA_CHECK(cudaGetLastError());
   last_kernel_slot() = std::string(r.kernel->name) +
                       (r.split_k_slices > 1 ? " split_k=" + std::to_string(r.split_k_slices) : "");
   return output;
@@ -139,11 +132,15 @@ std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kN
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops
 
-TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // The generated kernels of this build (empty in a CPU-only build: not registered there).
-  m.def("conv2d_fused_kernels() -> str[]", &cutlass_ops::conv2d_fused::kernel_names);
+  m.def("conv2d_fused_kernels() -> str[]");
 }
 
-TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
-  m.impl("conv2d_fused", &cutlass_ops::conv2d_fused::conv2d_fused_cuda);
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CompositeExplicitAutograd, m) {
+  m.impl("conv2d_fused_kernels", TORCH_BOX(&cutlass_ops::conv2d_fused::kernel_names));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
+  m.impl("conv2d_fused", TORCH_BOX(&cutlass_ops::conv2d_fused::conv2d_fused_cuda));
 }

@@ -1,9 +1,9 @@
 // Torch-side pieces shared by the CPU and CUDA implementations of cutlass_ops::conv2d_fused.
 #pragma once
 
-#include <ATen/ATen.h>
-
 #include <string>
+
+#include "common/torch_stable.h"
 
 namespace cutlass_ops {
 namespace conv2d_fused {
@@ -13,22 +13,17 @@ struct OutputShape {
 };
 
 // Checks everything that does not depend on the device and returns the output shape.
-// Errors are TORCH_CHECKs (RuntimeError/ValueError in Python) that name the argument.
-OutputShape check_inputs(at::Tensor const& input, at::Tensor const& weight,
-                         c10::optional<at::Tensor> const& bias,
-                         c10::optional<at::Tensor> const& residual,
-                         c10::optional<at::Tensor> const& scale,
-                         c10::optional<at::Tensor> const& post_bias, at::IntArrayRef stride,
-                         at::IntArrayRef padding);
+// Errors are CUTLASS_OPS_CHECKs (RuntimeError/ValueError in Python) that name the argument.
+OutputShape check_inputs(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
+                         std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
+                         std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding);
 
 // The ATen composite: the CPU implementation, and the CUDA fallback for dtypes or shapes
 // no generated kernel covers.  Computes in float32 (float64 for double inputs).
-at::Tensor conv2d_fused_aten(at::Tensor const& input, at::Tensor const& weight,
-                             c10::optional<at::Tensor> const& bias,
-                             c10::optional<at::Tensor> const& residual,
-                             c10::optional<at::Tensor> const& scale,
-                             c10::optional<at::Tensor> const& post_bias, at::IntArrayRef stride,
-                             at::IntArrayRef padding, bool relu);
+Tensor conv2d_fused_aten(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
+                         std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
+                         std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding,
+                         bool relu);
 
 // Name of the kernel the last conv2d_fused call on this thread ran ("aten" for the ATen
 // path); last_kernel_slot() is where the implementations record it.
@@ -43,6 +38,8 @@ struct ForcedChoice {
   int split_k = 0;
 };
 ForcedChoice& forced_choice_slot();
+// cutlass_ops::conv2d_fused_force_kernel: checks split_k and sets forced_choice_slot().
+void force_kernel(std::string name, int64_t split_k);
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

@@ -1,15 +1,12 @@
 // CUDA implementations of cutlass_ops::se_gate (kernel in se_gate_kernel.cu) and
 // se_gate_backward (se_gate_backward_kernel.cu).
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "common/cuda_device.h"
 #include "common/stream_order.h"
+#include "common/torch_stable.h"
 #include "se_gate/se_gate_backward_kernel.h"
 #include "se_gate/se_gate_kernel.h"
 #include "se_gate/se_gate_op.h"
@@ -18,48 +15,68 @@ namespace cutlass_ops {
 namespace se_gate {
 
 namespace {
-bool aligned16(at::Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
+bool aligned16(Tensor const& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
 // float32, contiguous, 16-byte aligned (the kernel reads the weights as float4).
-at::Tensor as_float(at::Tensor const& t) {
-  at::Tensor f = t.to(at::kFloat).contiguous();
-  return aligned16(f) ? f : f.clone();
+Tensor as_float(Tensor const& t) {
+  Tensor f = torch::stable::contiguous(to_dtype(t, kFloat));
+  return aligned16(f) ? f : torch::stable::clone(f);
+}
+
+// This thread's side stream on device `dev` (what c10::cuda::getStreamFromPool gave):
+// non-blocking, created on first use and kept (never destroyed).  Per thread, so a graph
+// capture on one thread never sees another thread's launches on it.  Its first use is under
+// capture (see se_gate_backward_cuda), so it is created in relaxed capture mode, which lets
+// a capture in global mode tolerate the call.
+cudaStream_t side_stream(int dev) {
+  thread_local std::vector<cudaStream_t> streams;
+  if (static_cast<size_t>(dev) >= streams.size()) streams.resize(static_cast<size_t>(dev) + 1, nullptr);
+  if (streams[dev] == nullptr) {
+    DeviceGuard guard(dev);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CUTLASS_OPS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    cudaStream_t stream = nullptr;
+    cudaError_t const err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    CUTLASS_OPS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));  // back to the caller's mode
+    CUTLASS_OPS_CUDA_CHECK(err);
+    streams[dev] = stream;
+  }
+  return streams[dev];
 }
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
-    at::Tensor const& h, at::Tensor const& identity, at::Tensor const& w1, at::Tensor const& b1,
-    at::Tensor const& w2, at::Tensor const& b2, c10::optional<at::Tensor> const& identity_bias,
-    c10::optional<at::Tensor> const& post_bias, bool avgpool, c10::optional<at::Tensor> const& h_bias) {
+std::tuple<Tensor, Tensor> se_gate_cuda(
+    Tensor const& h, Tensor const& identity, Tensor const& w1, Tensor const& b1,
+    Tensor const& w2, Tensor const& b2, std::optional<Tensor> const& identity_bias,
+    std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias) {
   check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias, h_bias);
   auto dtype = h.scalar_type();
   int64_t C = h.size(1), R = w1.size(0);
-  at::Tensor hc = h.contiguous(at::MemoryFormat::ChannelsLast);
-  at::Tensor ic = identity.contiguous(at::MemoryFormat::ChannelsLast);
+  Tensor hc = torch::stable::contiguous(h, kChannelsLast);
+  Tensor ic = torch::stable::contiguous(identity, kChannelsLast);
   int64_t const image = C * h.size(2) * h.size(3);  // elements per image
-  bool kernel_fits = (dtype == at::kHalf || dtype == at::kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
+  bool kernel_fits = (dtype == kHalf || dtype == kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
                      aligned16(hc) && aligned16(ic) && image < INT32_MAX;
   if (!kernel_fits) {
     return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool, h_bias);
   }
-  c10::cuda::CUDAGuard guard(h.device());
-  auto cl = h.options().memory_format(at::MemoryFormat::ChannelsLast);
-  auto out = at::empty(h.sizes(), cl);
-  auto pooled = avgpool ? at::empty(pooled_shape(h), cl) : at::empty({0}, h.options());
+  DeviceGuard guard(h.get_device_index());
+  auto out = empty(h.sizes(), dtype, h.device(), kChannelsLast);
+  auto pooled = avgpool ? empty(pooled_shape(h), dtype, h.device(), kChannelsLast) : empty({0}, dtype, h.device());
   if (out.numel() == 0) return {out, pooled};
-  at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
-  at::Tensor idb = identity_bias ? as_float(*identity_bias) : at::Tensor();
-  at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
-  at::Tensor hb = h_bias ? as_float(*h_bias) : at::Tensor();
+  Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
+  Tensor idb = identity_bias ? as_float(*identity_bias) : Tensor();
+  Tensor pb = post_bias ? as_float(*post_bias) : Tensor();
+  Tensor hb = h_bias ? as_float(*h_bias) : Tensor();
 
   SeGateArgs a{};
-  a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
   a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
-  a.w1 = w1f.data_ptr<float>(); a.b1 = b1f.data_ptr<float>();
-  a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
-  a.identity_bias = idb.defined() ? idb.data_ptr<float>() : nullptr;
-  a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
-  a.h_bias = hb.defined() ? hb.data_ptr<float>() : nullptr;
-  int dev = h.device().index();
+  a.w1 = w1f.mutable_data_ptr<float>(); a.b1 = b1f.mutable_data_ptr<float>();
+  a.w2 = w2f.mutable_data_ptr<float>(); a.b2 = b2f.mutable_data_ptr<float>();
+  a.identity_bias = idb.defined() ? idb.mutable_data_ptr<float>() : nullptr;
+  a.post_bias = pb.defined() ? pb.mutable_data_ptr<float>() : nullptr;
+  a.h_bias = hb.defined() ? hb.mutable_data_ptr<float>() : nullptr;
+  int dev = h.get_device_index();
   a.programmatic_launch = programmatic_launch_allowed(dev);
   // The kernel indexes in 32 bits, and the op is per image: over 2^31 elements it runs on
   // chunks of whole images, each under 2^31 (one launch in the usual case).
@@ -76,104 +93,108 @@ std::tuple<at::Tensor, at::Tensor> se_gate_cuda(
     SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
                                       device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     a.stage_w2 = shape.stage_w2;
-    cudaError_t err = launch_se_gate(a, shape.images_per_cta, c10::cuda::getCurrentCUDAStream(dev).stream());
-    TORCH_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
+    cudaError_t err = launch_se_gate(a, shape.images_per_cta, current_cuda_stream(dev));
+    CUTLASS_OPS_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
   }
   return {out, pooled};
 }
 
-SeGateGrads se_gate_backward_cuda(at::Tensor const& grad_out, c10::optional<at::Tensor> const& grad_pooled,
-                                  at::Tensor const& h, at::Tensor const& out, at::Tensor const& w1,
-                                  at::Tensor const& b1, at::Tensor const& w2, at::Tensor const& b2,
-                                  c10::optional<at::Tensor> const& post_bias,
-                                  c10::optional<at::Tensor> const& h_bias) {
+SeGateGrads se_gate_backward_cuda(Tensor const& grad_out, std::optional<Tensor> const& grad_pooled,
+                                  Tensor const& h, Tensor const& out, Tensor const& w1,
+                                  Tensor const& b1, Tensor const& w2, Tensor const& b2,
+                                  std::optional<Tensor> const& post_bias,
+                                  std::optional<Tensor> const& h_bias) {
   check_backward_inputs(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias, h_bias);
   auto dtype = h.scalar_type();
   int64_t const C = h.size(1), R = w1.size(0);
-  int const dev = h.device().index();
+  int const dev = h.get_device_index();
   size_t const max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   auto fallback = [&] {
     return se_gate_backward_aten(grad_out, grad_pooled, h, out, w1, b1, w2, b2, post_bias, h_bias);
   };
-  if ((dtype != at::kHalf && dtype != at::kBFloat16) || !se_gate_backward_supported(C, R, max_smem) ||
+  if ((dtype != kHalf && dtype != kBFloat16) || !se_gate_backward_supported(C, R, max_smem) ||
       h.numel() == 0 || h.numel() >= INT32_MAX) {
     return fallback();  // decided before the layout copies below, which it does not need
   }
-  auto const cl = at::MemoryFormat::ChannelsLast;
-  at::Tensor go = grad_out.contiguous(cl), hc = h.contiguous(cl), oc = out.contiguous(cl);
-  at::Tensor gp = grad_pooled ? grad_pooled->contiguous(cl) : at::Tensor();
+  auto const cl = kChannelsLast;
+  Tensor go = torch::stable::contiguous(grad_out, cl), hc = torch::stable::contiguous(h, cl),
+         oc = torch::stable::contiguous(out, cl);
+  Tensor gp = grad_pooled ? torch::stable::contiguous(*grad_pooled, cl) : Tensor();
   if (!aligned16(go) || !aligned16(hc) || !aligned16(oc) || (gp.defined() && !aligned16(gp))) return fallback();
   int const num_sms = multiprocessor_count(dev);
   int const images_per_cta = se_gate_backward_images_per_cta(h.size(0), C, R, num_sms, max_smem);
-  c10::cuda::CUDAGuard guard(h.device());
-  auto grad_h = at::empty(h.sizes(), h.options().memory_format(cl));
-  auto grad_identity = at::empty(h.sizes(), h.options().memory_format(cl));
+  DeviceGuard guard(h.get_device_index());
+  auto grad_h = empty(h.sizes(), dtype, h.device(), cl);
+  auto grad_identity = empty(h.sizes(), dtype, h.device(), cl);
   int64_t const N = h.size(0);
-  auto f32 = h.options().dtype(at::kFloat);
-  at::Tensor squeeze = at::empty({N, C}, f32), hidden = at::empty({N, R}, f32);
-  at::Tensor d_pre1 = at::empty({N, R}, f32), d_pre2 = at::empty({N, C}, f32), sums = at::empty({N, 2}, f32);
-  at::Tensor d_gate = at::empty({N, C}, f32), gate = at::empty({N, C}, f32), d_squeeze = at::empty({N, C}, f32);
-  at::Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
-  at::Tensor pb = post_bias ? as_float(*post_bias) : at::Tensor();
-  at::Tensor hb = h_bias ? as_float(*h_bias) : at::Tensor();
+  auto f32 = [&](IntArrayRef sizes) { return empty(sizes, kFloat, h.device()); };
+  Tensor squeeze = f32({N, C}), hidden = f32({N, R});
+  Tensor d_pre1 = f32({N, R}), d_pre2 = f32({N, C}), sums = f32({N, 2});
+  Tensor d_gate = f32({N, C}), gate = f32({N, C}), d_squeeze = f32({N, C});
+  Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
+  Tensor pb = post_bias ? as_float(*post_bias) : Tensor();
+  Tensor hb = h_bias ? as_float(*h_bias) : Tensor();
   // sum(grad_h): the input kernel's per-block sums, then the finished-block count.
   int const input_blocks = se_gate_backward_input_blocks(N, h.size(2), h.size(3), C, num_sms);
-  at::Tensor grad_h_scratch = at::empty({input_blocks + 1}, f32), grad_h_bias = at::empty({}, f32);
+  Tensor grad_h_scratch = f32({int64_t(input_blocks) + 1}), grad_h_bias = f32({});
 
   SeGateBackwardArgs a{};
-  a.dtype = dtype == at::kHalf ? DType::kF16 : DType::kBF16;
+  a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
   a.N = N; a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
   a.P = gp.defined() ? gp.size(2) : 0; a.Q = gp.defined() ? gp.size(3) : 0;
   a.grad_out = go.data_ptr(); a.grad_pooled = gp.defined() ? gp.data_ptr() : nullptr;
   a.h = hc.data_ptr(); a.out = oc.data_ptr();
-  a.w1 = w1f.data_ptr<float>(); a.b1 = b1f.data_ptr<float>();
-  a.w2 = w2f.data_ptr<float>(); a.b2 = b2f.data_ptr<float>();
-  a.post_bias = pb.defined() ? pb.data_ptr<float>() : nullptr;
-  a.h_bias = hb.defined() ? hb.data_ptr<float>() : nullptr;
-  a.grad_h_partials = grad_h_scratch.data_ptr<float>();
-  a.grad_h_counter = reinterpret_cast<unsigned*>(grad_h_scratch.data_ptr<float>() + input_blocks);
-  a.grad_h_sum = grad_h_bias.data_ptr<float>();
+  a.w1 = w1f.mutable_data_ptr<float>(); a.b1 = b1f.mutable_data_ptr<float>();
+  a.w2 = w2f.mutable_data_ptr<float>(); a.b2 = b2f.mutable_data_ptr<float>();
+  a.post_bias = pb.defined() ? pb.mutable_data_ptr<float>() : nullptr;
+  a.h_bias = hb.defined() ? hb.mutable_data_ptr<float>() : nullptr;
+  a.grad_h_partials = grad_h_scratch.mutable_data_ptr<float>();
+  a.grad_h_counter = reinterpret_cast<unsigned*>(grad_h_scratch.mutable_data_ptr<float>() + input_blocks);
+  a.grad_h_sum = grad_h_bias.mutable_data_ptr<float>();
   a.grad_y = grad_identity.data_ptr(); a.grad_h = grad_h.data_ptr();
-  a.squeeze = squeeze.data_ptr<float>(); a.hidden = hidden.data_ptr<float>();
-  a.d_pre1 = d_pre1.data_ptr<float>(); a.d_pre2 = d_pre2.data_ptr<float>(); a.sums = sums.data_ptr<float>();
-  a.d_gate = d_gate.data_ptr<float>(); a.gate = gate.data_ptr<float>(); a.d_squeeze = d_squeeze.data_ptr<float>();
+  a.squeeze = squeeze.mutable_data_ptr<float>(); a.hidden = hidden.mutable_data_ptr<float>();
+  a.d_pre1 = d_pre1.mutable_data_ptr<float>(); a.d_pre2 = d_pre2.mutable_data_ptr<float>();
+  a.sums = sums.mutable_data_ptr<float>();
+  a.d_gate = d_gate.mutable_data_ptr<float>(); a.gate = gate.mutable_data_ptr<float>();
+  a.d_squeeze = d_squeeze.mutable_data_ptr<float>();
   a.programmatic_launch = programmatic_launch_allowed(dev);
-  c10::cuda::CUDAStream const stream = c10::cuda::getCurrentCUDAStream(dev);
-  cudaError_t err = launch_se_gate_backward_per_image(a, images_per_cta, stream.stream());
-  TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  cudaStream_t const stream = current_cuda_stream(dev);
+  cudaError_t err = launch_se_gate_backward_per_image(a, images_per_cta, stream);
+  CUTLASS_OPS_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
   // The batch reductions over the per-image vectors (two kernels).
-  auto grad_w1 = at::empty({R, C}, f32), grad_b1 = at::empty({R}, f32);
-  auto grad_w2 = at::empty({C, R}, f32), grad_b2 = at::empty({C}, f32);
-  auto grad_identity_bias = at::empty({}, f32), grad_post_bias = at::empty({}, f32);
+  auto grad_w1 = f32({R, C}), grad_b1 = f32({R});
+  auto grad_w2 = f32({C, R}), grad_b2 = f32({C});
+  auto grad_identity_bias = f32({}), grad_post_bias = f32({});
   int const chunks = se_param_grad_chunks(N, C, R);
-  auto partials = at::empty({chunks, se_param_grad_entries(C, R)}, f32);
-  SeParamGradArgs p{int(N), int(C), int(R), squeeze.data_ptr<float>(), hidden.data_ptr<float>(),
-                    d_pre1.data_ptr<float>(), d_pre2.data_ptr<float>(), sums.data_ptr<float>(),
-                    partials.data_ptr<float>(), grad_w1.data_ptr<float>(), grad_b1.data_ptr<float>(),
-                    grad_w2.data_ptr<float>(), grad_b2.data_ptr<float>(), grad_identity_bias.data_ptr<float>(),
-                    grad_post_bias.data_ptr<float>()};
+  auto partials = f32({int64_t(chunks), int64_t(se_param_grad_entries(C, R))});
+  SeParamGradArgs p{int(N), int(C), int(R), squeeze.mutable_data_ptr<float>(), hidden.mutable_data_ptr<float>(),
+                    d_pre1.mutable_data_ptr<float>(), d_pre2.mutable_data_ptr<float>(), sums.mutable_data_ptr<float>(),
+                    partials.mutable_data_ptr<float>(), grad_w1.mutable_data_ptr<float>(),
+                    grad_b1.mutable_data_ptr<float>(), grad_w2.mutable_data_ptr<float>(),
+                    grad_b2.mutable_data_ptr<float>(), grad_identity_bias.mutable_data_ptr<float>(),
+                    grad_post_bias.mutable_data_ptr<float>()};
   // While a CUDA graph is captured, the batch sums run on a side stream beside the grad_h
   // pass (alone, the sums' few CTAs leave most of the GPU idle), joined before returning;
   // every tensor they touch was allocated before the fork and is freed after the join.
   // Eager calls stay on one stream: there the fork costs more host time than it saves.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TORCH_CHECK(cudaStreamIsCapturing(stream.stream(), &capture) == cudaSuccess,
-              "se_gate_backward: cudaStreamIsCapturing failed");
+  CUTLASS_OPS_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess,
+                    "se_gate_backward: cudaStreamIsCapturing failed");
   bool const fork = capture == cudaStreamCaptureStatusActive;
-  c10::cuda::CUDAStream const sums_stream = fork ? c10::cuda::getStreamFromPool(false, dev) : stream;
-  if (fork) stream_wait_for(sums_stream.stream(), stream.stream());
-  err = launch_se_gate_param_grads(p, chunks, sums_stream.stream());
-  TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
-  err = launch_se_gate_backward_input(a, num_sms, stream.stream());
-  TORCH_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
-  if (fork) stream_wait_for(stream.stream(), sums_stream.stream());
+  cudaStream_t const sums_stream = fork ? side_stream(dev) : stream;
+  if (fork) stream_wait_for(sums_stream, stream);
+  err = launch_se_gate_param_grads(p, chunks, sums_stream);
+  CUTLASS_OPS_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  err = launch_se_gate_backward_input(a, num_sms, stream);
+  CUTLASS_OPS_CHECK(err == cudaSuccess, "se_gate_backward: kernel launch failed: ", cudaGetErrorString(err));
+  if (fork) stream_wait_for(stream, sums_stream);
   return {grad_h, grad_identity, grad_w1, grad_b1, grad_w2, grad_b2, grad_identity_bias, grad_post_bias, grad_h_bias};
 }
 
 }  // namespace se_gate
 }  // namespace cutlass_ops
 
-TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
-  m.impl("se_gate", &cutlass_ops::se_gate::se_gate_cuda);
-  m.impl("se_gate_backward", &cutlass_ops::se_gate::se_gate_backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
+  m.impl("se_gate", TORCH_BOX(&cutlass_ops::se_gate::se_gate_cuda));
+  m.impl("se_gate_backward", TORCH_BOX(&cutlass_ops::se_gate::se_gate_backward_cuda));
 }

