@@ -1,5 +1,5 @@
 // The torch API of the op library: LibTorch's stable ABI (torch/csrc/stable, C symbols only),
-// compiled with TORCH_TARGET_VERSION = 2.11 (CMakeLists.txt), so one build loads into torch
+// compiled with TORCH_TARGET_VERSION = 2.11 (cmake/TorchFromPython.cmake), so one build loads into torch
 // 2.11 and every later torch.  No ATen/c10 C++ header may be included by an op source;
 // tests/python/test_library_checks.py checks the built library's symbols.
 //
@@ -7,12 +7,13 @@
 // - errors: CUTLASS_OPS_CHECK_VALUE throws std::invalid_argument, which torch's Python
 //   binding raises as ValueError (TORCH_CHECK_VALUE's c10::ValueError is C++ ABI);
 //   CUTLASS_OPS_CHECK throws std::runtime_error (RuntimeError);
-// - warnings: cutlass_ops::warn_once prints to stderr (the stable API has no TORCH_WARN);
+// - warnings: CUTLASS_OPS_WARN_ONCE (TORCH_WARN_ONCE's) through the C shim's aoti_torch_warn;
 // - ATen ops outside torch/csrc/stable/ops.h: called by schema name through
 //   torch_call_dispatcher (`aten_call`); an error inside such an op reaches Python as a
-//   RuntimeError naming the op, its own message only on stderr (the ABI returns a code).  Its StableIValue conversion has no Scalar in 2.11,
-//   so only Tensor overloads are used, scalars become 0-dim tensors (`scalar_like`), and the
-//   arithmetic operators below are written on them;
+//   RuntimeError naming the op, its own message only on stderr (the ABI returns a code).
+//   Its StableIValue conversion has no Scalar in 2.11, so only Tensor overloads are used,
+//   numbers become 0-dim CPU tensors (`scalar_like`), and the arithmetic operators below are
+//   written on them;
 // - the current CUDA stream as a cudaStream_t (aoti_torch_get_current_cuda_stream).
 #pragma once
 
@@ -25,7 +26,6 @@
 #endif
 
 #include <array>
-#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -108,13 +108,17 @@ std::string str_cat(A const&... a) {
     if (!(cond)) throw std::runtime_error(::cutlass_ops::str_cat(__VA_ARGS__)); \
   } while (0)
 
-// Once per call site and process, on stderr.
-#define CUTLASS_OPS_WARN_ONCE(...)                                                        \
-  do {                                                                                    \
-    static std::once_flag cutlass_ops_warned_;                                            \
-    std::call_once(cutlass_ops_warned_, [&] {                                             \
-      std::fprintf(stderr, "UserWarning: %s\n", ::cutlass_ops::str_cat(__VA_ARGS__).c_str()); \
-    });                                                                                   \
+// TORCH_WARN_ONCE: through the C shim's aoti_torch_warn, to torch's warning handler (as
+// TORCH_WARN: a Python UserWarning where torch installs its handler, else stderr), once per
+// call site and process.
+#define CUTLASS_OPS_WARN_ONCE(...)                                                          \
+  do {                                                                                      \
+    static std::once_flag cutlass_ops_warned_;                                              \
+    char const* cutlass_ops_func_ = __func__;                                               \
+    std::call_once(cutlass_ops_warned_, [&] {                                               \
+      aoti_torch_warn(cutlass_ops_func_, __FILE__, static_cast<uint32_t>(__LINE__),         \
+                      ::cutlass_ops::str_cat(__VA_ARGS__).c_str());                         \
+    });                                                                                     \
   } while (0)
 
 // ---- ATen ops by schema name ----
