@@ -32,7 +32,8 @@ foreach(_arch IN LISTS CUTLASS_OPS_ARCH_LIST)
     message(FATAL_ERROR
       "cutlass_ops: sm${_arch} (Volta) was requested, but CUDA ${CMAKE_CUDA_COMPILER_VERSION} "
       "cannot compile it: CUDA 13 dropped the sm70/sm72 targets. Build the Volta kernels with a "
-      "CUDA 11.8 or 12.x toolkit (CUDACXX=/path/to/cuda-12/bin/nvcc), or drop ${_arch} from "
+      "CUDA 12.x toolkit (CUDACXX=/path/to/cuda-12/bin/nvcc; the library then loads into torch's CUDA 12 "
+      "builds), or drop ${_arch} from "
       "CUTLASS_OPS_ARCHS.")
   endif()
 endforeach()

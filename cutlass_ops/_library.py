@@ -113,7 +113,7 @@ def unsupported_gpu(name: str, capability: tuple[int, int], archs: str) -> str |
     return (f"cutlass_ops has no kernels for {name} (compute capability {capability[0]}.{capability[1]}, "
             f"sm_{cc}): this build holds machine code for sm_{', sm_'.join(map(str, built))} and PTX "
             f"for sm_{built[-1]} and newer. Build for it: CUTLASS_OPS_ARCHS={cc} pip install "
-            f"--no-build-isolation . (sm70 needs a CUDA 11.8/12.x toolkit).")
+            f"--no-build-isolation . (sm70 needs a CUDA 12.x toolkit: CUDA 13 dropped it).")
 
 
 def unsupported_gpus() -> dict[int, str]:

@@ -22,13 +22,14 @@ differs.  What runs where, per forward:
     - the q/k/v/out linears, the MLP linears (``F.linear``), QuickGELU, residual adds, drop
       path (timm 0.3.2's, same RNG draws as the reference), dropout;
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
-      whole embed dim, as CvT), the cls token concatenated in front of q, k, v;
+      whole embed dim, as CvT) on CUDA, matmul-softmax-matmul on the CPU (as the reference),
+      the cls token concatenated in front of q, k, v;
     - the head: LayerNorm of the cls token, Linear.
 
 Input: (N, in_chans, H, W), H and W multiples of 16 (each stage then halves the map
 exactly: H/4, H/8, H/16), the model's dtype and device (or any float under torch.autocast);
-any batch size >= 1.  Attention dropout > 0 (no CvT config uses it) runs inside SDPA, so its
-random mask differs from the reference's.
+any batch size >= 1.  Attention dropout > 0 (no CvT config uses it) runs inside SDPA on CUDA,
+so its random mask differs from the reference's.
 """
 from __future__ import annotations
 

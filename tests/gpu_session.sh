@@ -8,7 +8,8 @@
 # kernels into profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it),
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
 # resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
-# wheel carried in gpu_carry/, installed into a folder of its own); reliability (fuzz, large
+# wheel carried in gpu_carry/, installed into a folder of its own), sdist-tests (likewise
+# for an sdist in gpu_carry/, built on the device); reliability (fuzz, large
 # tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh); mlp-tests
 # (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
 # CvT (issue 20): cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
@@ -128,6 +129,19 @@ for step in ${STEPS:-}; do
        && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
          -x "$REPO/tests/python" > "$OUT/wheel_tests.log" 2>&1)
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/wheel_tests.log" | tail -5
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    sdist-tests)  # the sdist in gpu_carry/ (made elsewhere), built here (this GPU's arch; SDIST_KERNELS, default ci) into a folder of its own, under the GPU tests
+      sd=$(ls gpu_carry/cutlass_ops-*.tar.gz 2>/dev/null | head -1)
+      [ -n "$sd" ] || { echo "$step: no gpu_carry/cutlass_ops-*.tar.gz"; continue; }
+      rm -rf /tmp/sdist_site
+      CUTLASS_OPS_ARCHS=$ARCH CUTLASS_OPS_KERNELS=${SDIST_KERNELS:-ci} timeout "$limit" "$PYTHON" -m pip install -q \
+        --no-build-isolation --no-deps --target /tmp/sdist_site "$sd" > "$OUT/sdist_build.log" 2>&1 \
+        || { echo "$step: the sdist did not build"; tail -20 "$OUT/sdist_build.log"; continue; }
+      echo "$step: built $(basename "$sd") (archs $ARCH, kernels ${SDIST_KERNELS:-ci}) in $(( $(date +%s) - t0 )) s"
+      left=$(( DEADLINE - $(date +%s) ))
+      (cd /tmp && PYTHONPATH=/tmp/sdist_site${PYTHONPATH:+:$PYTHONPATH} timeout "$left" "$PYTHON" -P -m pytest -q \
+         -p no:cacheprovider -x "$REPO/tests/python" > "$OUT/sdist_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sdist_tests.log" | tail -5
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     mlp-tests)  # FusedMLP's GPU tests (kernels JIT-compiled into a fresh cache: compile times included)
       (cd /tmp && CUTLASS_OPS_CACHE=/tmp/mlp_cache timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rf \
