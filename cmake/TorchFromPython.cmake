@@ -4,7 +4,7 @@
 # cutlass_ops::torch (headers, libraries, the stable-ABI target version).
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
-    "import os, torch; d = os.path.dirname(torch.__file__); print(d); print(torch.__version__); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"
+    "import os, torch; d = os.path.dirname(torch.__file__); print(d); print(torch.__version__)"
   OUTPUT_VARIABLE _torch_out RESULT_VARIABLE _torch_rc ERROR_VARIABLE _torch_err
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _torch_rc EQUAL 0)
@@ -15,7 +15,6 @@ endif()
 string(REPLACE "\n" ";" _torch_out "${_torch_out}")
 list(GET _torch_out 0 TORCH_DIR)
 list(GET _torch_out 1 TORCH_VERSION)
-list(GET _torch_out 2 TORCH_CXX11_ABI)
 # The op library uses LibTorch's stable ABI only (kernels/common/torch_stable.h): compiled
 # for the stable API of torch ${CUTLASS_OPS_TORCH_MIN} (TORCH_TARGET_VERSION), it loads into that
 # torch and every later one, whichever torch it was built against.
