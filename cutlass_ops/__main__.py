@@ -1,4 +1,7 @@
-"""python -m cutlass_ops {info,demo,bench}: what was built, a quick demo, benchmarks."""
+"""cutlass-ops (or python -m cutlass_ops): what was built and what this machine has (info), a
+quick demo, benchmarks against PyTorch's best (bench), the kernel per layer (layers), training
+checks against the reference networks (train-check, train-check-cvt) and the profiler sweep
+that writes profiles/ (profile).  `cutlass-ops COMMAND --help` for each."""
 from __future__ import annotations
 
 import argparse
@@ -255,7 +258,7 @@ def cmd_profile(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cutlass_ops", description=__doc__)
+    p = argparse.ArgumentParser(prog="cutlass-ops", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print build and device facts as JSON").set_defaults(fn=cmd_info)
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
