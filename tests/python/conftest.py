@@ -14,5 +14,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 @pytest.fixture
 def rng():
-    g = torch.Generator().manual_seed(torch.seed() % (2**31))
-    return g
+    """A generator with a fresh seed per test (inputs drawn fresh each run); the seed is printed,
+    so a failure's captured output names it (torch.Generator().manual_seed(SEED) reproduces)."""
+    seed = torch.seed() % (2**31)
+    print(f"rng seed {seed}")
+    return torch.Generator().manual_seed(seed)

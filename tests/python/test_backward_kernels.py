@@ -64,9 +64,11 @@ def test_relu_backward_opcheck(device, rng):
     torch.library.opcheck(torch.ops.cutlass_ops.relu_backward.default, (grad, out, torch.tensor(0.5, device=device)))
 
 
-def _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias, h_bias):
+def _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias, h_bias, term_scales=False):
     """float64 on the CPU, by autograd: the pool's gradient through F.avg_pool2d, the mask as
-    the saved output encodes it (as in relu_backward), the rest through the SE gate's math."""
+    the saved output encodes it (as in relu_backward), the rest through the SE gate's math.
+    term_scales: also the excite weights' and biases' gradients summed in absolute value over
+    the batch (sum_n |term_n|, per element), the scale of their float32 rounding error."""
     g = grad_out.double().cpu()
     if grad_pooled is not None:
         x = torch.zeros(h.shape, dtype=torch.float64, requires_grad=True)
@@ -79,9 +81,19 @@ def _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias
     hb = (h_bias.double().cpu() if h_bias is not None else torch.zeros((), dtype=torch.float64)).requires_grad_()
     hh = h64 + hb
     w1, b1, w2, b2 = (p.double().cpu().requires_grad_() for p in params)
-    gate = torch.sigmoid(F.linear(torch.relu(F.linear(hh.mean((2, 3)), w1, b1)), w2, b2))
-    (hh * gate[:, :, None, None]).backward(dy)
-    return [h64.grad, dy, w1.grad, b1.grad, w2.grad, b2.grad, dy.sum(), g.sum(), hb.grad], g.abs().sum()
+    squeezed = hh.mean((2, 3))
+    pre1 = F.linear(squeezed, w1, b1)
+    hidden = torch.relu(pre1)
+    pre2 = F.linear(hidden, w2, b2)
+    pre1.retain_grad()
+    pre2.retain_grad()
+    (hh * torch.sigmoid(pre2)[:, :, None, None]).backward(dy)
+    want = [h64.grad, dy, w1.grad, b1.grad, w2.grad, b2.grad, dy.sum(), g.sum(), hb.grad]
+    if not term_scales:
+        return want, g.abs().sum()
+    d1, d2 = pre1.grad.abs(), pre2.grad.abs()
+    scales = [d1.t() @ squeezed.detach().abs(), d1.sum(0), d2.t() @ hidden.detach().abs(), d2.sum(0)]
+    return want, g.abs().sum(), scales
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -124,7 +136,8 @@ def test_se_gate_backward(device, dtype, shape, pooled, with_post_bias, with_h_b
     grad_pooled = rand(n, c, (hh + 1) // 2, (ww + 1) // 2).to(dtype).contiguous(memory_format=cl) if pooled else None
     poison_cuda_cache(2 * h.numel() * h.element_size())
     got = cutlass_ops.ops.se_gate_backward(grad_out, grad_pooled, h, out, *params, post_bias, h_bias)
-    want, g_scale = _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias, h_bias)
+    want, g_scale, term_scales = _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, post_bias,
+                                                             h_bias, term_scales=True)
     names = ["grad_h", "grad_identity", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "identity_bias",
              "post_bias", "h_bias"]
     # The two maps are rounded to dtype; the weights' and scalars' gradients are float32
@@ -134,9 +147,16 @@ def test_se_gate_backward(device, dtype, shape, pooled, with_post_bias, with_h_b
         rel, mx = errors(gt, wt)
         assert rel < map_bound and mx < 4 * map_bound, (name, rel, mx)
         assert gt.dtype == dtype and gt.is_contiguous(memory_format=cl), name
-    for name, gt, wt in zip(names[2:6], got[2:6], want[2:6]):
+    for name, gt, wt, scale in zip(names[2:6], got[2:6], want[2:6], term_scales):
+        # float32 sums over the batch of the same 16-bit inputs: within 1e-4 of float64, or,
+        # where the batch's terms cancel, within 1e-5 of the sum of the terms' magnitudes (a
+        # wrong term is off by about that sum).  CI once drew fc1_bias 1.08e-4 off (shape
+        # (3, 12, 5, 5), one hidden unit); over 1500 seeds the worst was 1.28e-4, where the
+        # three terms' magnitudes summed to 1037x the result: 1.2e-7 of that sum.
         rel, mx = errors(gt, wt)
-        assert rel < 1e-4 and mx < 1e-3, (name, rel, mx)
+        err = (gt.detach().double().cpu() - wt).norm().item()
+        assert rel < 1e-4 or err < 1e-5 * scale.norm().item(), (name, rel, err, scale.norm().item())
+        assert mx < 1e-3, (name, rel, mx)
         assert gt.dtype == torch.float32 and gt.shape == wt.shape, name
     for name, gt, wt in zip(names[6:8], got[6:8], want[6:8]):  # scalar sums: relative to sum |g|
         assert abs(gt.item() - wt.item()) / g_scale < 1e-6, (name, gt.item(), wt.item())
