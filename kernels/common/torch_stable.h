@@ -281,6 +281,11 @@ inline Tensor sum_dims(Tensor const& t, std::vector<int64_t> const& dims, bool k
 inline Tensor stack(std::vector<Tensor> const& tensors, int64_t dim = 0) {
   return aten_call("aten::stack", "", tensors, dim);
 }
+inline Tensor permute(Tensor const& t, std::vector<int64_t> const& dims) {
+  return aten_call("aten::permute", "", t, dims);
+}
+inline Tensor transposed(Tensor const& t) { return aten_call("aten::t", "", t); }  // a 2-D t.t()
+inline Tensor mm(Tensor const& a, Tensor const& b) { return aten_call("aten::mm", "", a, b); }
 inline std::vector<Tensor> unbind(Tensor const& t, int64_t dim) {
   return aten_call<std::vector<Tensor>>("aten::unbind", "int", t, dim);
 }

@@ -188,7 +188,7 @@ std::tuple<Tensor, Tensor> conv2d_wgrad_cuda(Tensor const& grad_output, Tensor c
                           (p.kernel->family == 90 ? " batch slice(s)" : " split-K slice(s)");
   }
   // (K, R, S, C) memory is (K, C, R, S) channels_last.
-  return {aten_call("aten::permute", "", dw, std::vector<int64_t>{0, 3, 1, 2}), dot};
+  return {permute(dw, {0, 3, 1, 2}), dot};
 }
 
 std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kNumKernels); }

@@ -24,8 +24,6 @@ Tensor sum_over(Tensor const& t, std::vector<int64_t> const& dims) {
 Tensor linear(Tensor const& input, Tensor const& weight, Tensor const& bias) {
   return aten_call("aten::linear", "", input, weight, std::optional<Tensor>(bias));
 }
-Tensor mm(Tensor const& a, Tensor const& b) { return aten_call("aten::mm", "", a, b); }
-Tensor transposed(Tensor const& t) { return aten_call("aten::t", "", t); }
 // t.unsqueeze(-1).unsqueeze(-1): (N, C) -> (N, C, 1, 1).
 Tensor unsqueeze_hw(Tensor const& t) { return torch::stable::unsqueeze(torch::stable::unsqueeze(t, -1), -1); }
 // A scalar tensor as a 0-dim one in `dtype`.

@@ -110,7 +110,7 @@ std::tuple<Tensor, Tensor> space_to_depth_conv_weight_grad_aten(
       permute(torch::stable::reshape(to_dtype(input, acc), {N, C, P, kBlock, Q, kBlock}), {0, 2, 4, 3, 5, 1}),
       {N * P * Q, kBlock * kBlock * C});
   auto gz_rows = torch::stable::reshape(permute(gz, {0, 2, 3, 1}), {N * P * Q, K});
-  auto dw = aten_call("aten::mm", "", aten_call("aten::t", "", gz_rows), patches);
+  auto dw = mm(transposed(gz_rows), patches);
   return {torch::stable::reshape(dw, {K, kBlock * kBlock * C, 1, 1}), sums};
 }
 

@@ -14,11 +14,6 @@ namespace space_to_depth_conv {
 
 constexpr int64_t kBlock = 4;
 
-// aten::permute.
-inline Tensor permute(Tensor const& t, std::vector<int64_t> const& dims) {
-  return aten_call("aten::permute", "", t, dims);
-}
-
 // Checks shapes, dtypes and devices (errors name the argument); returns the output shape.
 std::vector<int64_t> check_inputs(Tensor const& input, Tensor const& weight,
                                   std::optional<Tensor> const& post_bias);
