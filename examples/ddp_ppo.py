@@ -274,7 +274,7 @@ def check_grads(args, rank, world, device) -> dict:
     if rank == 0:
         single = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
         single.load_state_dict(state)
-        if DTYPES[args.dtype] in (torch.float16, torch.bfloat16):  # the noise floor: float64
+        if DTYPES[args.dtype] != torch.float64:  # the noise floor: float64
             ref64 = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, torch.float64)
             ref64.load_state_dict(state)
     steps = []
@@ -584,7 +584,10 @@ def verdict(args, result) -> bool:
     float32/float64 runs: each parameter's gradient within a relative --tolerance of the single
     process's (by default 1e-10 for float64 parameters, 1e-4 for float32 ones: FusedResNet keeps
     its FixUp scalars and SE weights in float32 in a float64 model, and the two runs sum their
-    gradients in different orders; or within 1e-7 absolute for a gradient that small).  16-bit
+    gradients in different orders; or within 1e-7 absolute for a gradient that small; or, in a
+    float32 run, no farther from float64 than 2x the single process's + the tolerance: on a GPU
+    float32 convs run in TF32, cuDNN's default, and an H100 had a FixUp scale's gradient 1.3e-4
+    apart between the batch of 64 and two of 32, each as far from float64).  16-bit
     runs: each tensor's DDP gradient no farther from float64 than 2x the single process's + 1e-3
     (the FixUp scalars' 16-bit gradients are noise, README).  Always: every parameter has a
     gradient, the ranks' gradients are identical, and they are the mean of the local ones."""
@@ -604,7 +607,9 @@ def verdict(args, result) -> bool:
                 continue
             tol = args.tolerance if args.tolerance is not None else (1e-10 if row["dtype"] == "float64" else 1e-4)
             small = row["dtype"] != "float64" and row["max_abs_err"] <= 1e-7
-            if not (row["rel_err"] <= tol or small):
+            as_exact = ("ddp_rel_err_vs_float64" in row
+                        and row["ddp_rel_err_vs_float64"] <= 2 * row["single_rel_err_vs_float64"] + tol)
+            if not (row["rel_err"] <= tol or small or as_exact):
                 failures.append(f"step {rec['step']} {name} ({row['dtype']}): rel. error {row['rel_err']:.3g} > {tol:g}")
     for key, err in result["synced_vs_mean_of_local_rel_err"].items():
         if not err <= (1e-12 if key == "float64" else 1e-5):
