@@ -72,11 +72,16 @@ for tool in $TOOLS; do
     [ $rc -ne 0 ] && tool_rc=$rc
   done
   if [ "$tool" = initcheck ] && "$PYTHON" -P -c 'import torch, sys; sys.exit(torch.cuda.get_device_capability() != (9, 0))'; then
-    for writer in 80 90 cudnn; do  # the probe: does initcheck see each writer's output stores?
+    # The probe: does initcheck see each writer's output stores?  cuDNN twice: its weight
+    # gradient on the default 64-channel 8x8 problem (an sm80 xmma kernel) and on block 3's
+    # 512->512 3x3 conv on the 2x2 map (an sm90 xmma kernel, the one whose output
+    # conv2d_wgrad's epilogue reads in FusedResNet's backward).
+    for writer in 80 90 cudnn cudnn:2,512,512,2; do
+      name=${writer/:/_}; args=(--writer "${writer%%:*}"); [ "$writer" != "${writer#*:}" ] && args+=(--shape "${writer#*:}")
       echo "== initcheck (TMA probe, writer $writer)" | tee -a "$log"
       env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$LIMIT" "$SANITIZER" --tool initcheck --print-limit 3 --nvtx no \
-        "$PYTHON" -P tests/sanitize_tma_probe.py --writer $writer > "$DEST/sanitize_tma_probe_$writer.log" 2>&1
-      grep -E '^writer|ERROR SUMMARY: [0-9]+ errors?$|Error' "$DEST/sanitize_tma_probe_$writer.log" | sed 's/^=* */TMA probe: /' | tee -a "$log"
+        "$PYTHON" -P tests/sanitize_tma_probe.py "${args[@]}" > "$DEST/sanitize_tma_probe_$name.log" 2>&1
+      grep -E '^writer|ERROR SUMMARY: [0-9]+ errors?$|Error' "$DEST/sanitize_tma_probe_$name.log" | sed 's/^=* */TMA probe: /' | tee -a "$log"
     done
   fi
   secs=$(( $(date +%s) - start ))
