@@ -7,7 +7,7 @@
 # and for the Hopper-native kernels: sm90-tests, sm90-sweep, profile90 (profile the family-90
 # kernels into profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it),
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
-# resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests (the GPU tests against a
+# resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests[:1|2|3] (the GPU tests, or a third, against a
 # wheel carried in gpu_carry/, installed into a folder of its own), sdist-tests (likewise
 # for an sdist in gpu_carry/, built on the device); reliability (fuzz, large
 # tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh); mlp-tests
@@ -77,6 +77,22 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 echo "== ready after $(( $(date +%s) - start )) s"
 
+# The GPU test suite takes about 10 minutes on an H100 (2026-11-25, ~4960 tests), more than one
+# device call: wheel-tests:K / sdist-tests:K run part K of three (1: the files up to
+# test_ddp.py, about 4 minutes; 2: the rest but FusedMLP's, 4-5 minutes; 3: test_fused_mlp.py,
+# whose kernels compile at first use); no part: all of it.
+test_files() {
+  local all f part=0
+  all=$(cd "$REPO/tests/python" && ls test_*.py)
+  case $1 in 1|2|3) ;; *) echo "$REPO/tests/python"; return ;; esac
+  for f in $all; do
+    if [ "$f" = test_fused_mlp.py ]; then [ "$1" = 3 ] && echo "$REPO/tests/python/$f"
+    elif [ "$part" = 0 ]; then [ "$1" = 1 ] && echo "$REPO/tests/python/$f"; [ "$f" = test_ddp.py ] && part=2
+    else [ "$1" = 2 ] && echo "$REPO/tests/python/$f"; fi
+  done
+}
+part_suffix() { case $1 in 1|2|3) echo "_part$1" ;; esac; }
+
 # After a profile step: rebuild so that the dispatch tables take the new rows (FROM_WHEEL=1:
 # not here; the returned sm90.csv goes into profiles/ and the wheel is rebuilt where it was built).
 rebuild_with_profiles() {
@@ -119,7 +135,7 @@ for step in ${STEPS:-}; do
       cp "profiles/$gpu/sm90.csv" "$OUT/sm90.csv" 2>/dev/null
       rebuild_with_profiles
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
-    wheel-tests)  # the wheel in gpu_carry/ (built elsewhere), installed on its own, under the GPU tests
+    wheel-tests)  # the wheel in gpu_carry/ (built elsewhere), installed on its own, under the GPU tests (wheel-tests:1|2|3: a part)
       whl=$(ls gpu_carry/cutlass_ops-*.whl 2>/dev/null | head -1)
       [ -n "$whl" ] || { echo "$step: no gpu_carry/cutlass_ops-*.whl"; continue; }
       rm -rf /tmp/wheel_site && "$PYTHON" -m pip install -q --no-deps --target /tmp/wheel_site "$whl"
@@ -127,10 +143,10 @@ for step in ${STEPS:-}; do
       (cd /tmp && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -c \
          "import cutlass_ops, json; print('imported from', cutlass_ops.__file__); print(json.dumps(cutlass_ops._library.build_info()))" \
        && PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
-         -x "$REPO/tests/python" > "$OUT/wheel_tests.log" 2>&1)
-      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/wheel_tests.log" | tail -5
+         -rfE $(test_files "$n") > "$OUT/wheel_tests$(part_suffix "$n").log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/wheel_tests$(part_suffix "$n").log" | tail -8
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
-    sdist-tests)  # the sdist in gpu_carry/ (made elsewhere), built here (this GPU's arch; SDIST_KERNELS, default ci) into a folder of its own, under the GPU tests
+    sdist-tests)  # the sdist in gpu_carry/ (made elsewhere), built here (this GPU's arch; SDIST_KERNELS, default ci) into a folder of its own, under the GPU tests (sdist-tests:1|2|3: a part)
       sd=$(ls gpu_carry/cutlass_ops-*.tar.gz 2>/dev/null | head -1)
       [ -n "$sd" ] || { echo "$step: no gpu_carry/cutlass_ops-*.tar.gz"; continue; }
       rm -rf /tmp/sdist_site
@@ -140,8 +156,8 @@ for step in ${STEPS:-}; do
       echo "$step: built $(basename "$sd") (archs $ARCH, kernels ${SDIST_KERNELS:-ci}) in $(( $(date +%s) - t0 )) s"
       left=$(( DEADLINE - $(date +%s) ))
       (cd /tmp && PYTHONPATH=/tmp/sdist_site${PYTHONPATH:+:$PYTHONPATH} timeout "$left" "$PYTHON" -P -m pytest -q \
-         -p no:cacheprovider -x "$REPO/tests/python" > "$OUT/sdist_tests.log" 2>&1)
-      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sdist_tests.log" | tail -5
+         -p no:cacheprovider -rfE $(test_files "$n") > "$OUT/sdist_tests$(part_suffix "$n").log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sdist_tests$(part_suffix "$n").log" | tail -8
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     mlp-tests)  # FusedMLP's GPU tests (kernels JIT-compiled into a fresh cache: compile times included)
       (cd /tmp && CUTLASS_OPS_CACHE=/tmp/mlp_cache timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rf \
