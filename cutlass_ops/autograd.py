@@ -305,3 +305,36 @@ def _s2d_backward(ctx, grad):
 
 
 torch.library.register_autograd("cutlass_ops::space_to_depth_conv", _s2d_backward, setup_context=_s2d_setup)
+
+
+# ---- conv2d_b2b: no fused backward; the gradient of the composite it computes ----------------
+
+def _b2b_setup(ctx, inputs, output):
+    ctx.save_for_backward(*[t if isinstance(t, torch.Tensor) else None for t in inputs[:5]])
+    ctx.args = inputs[5:]
+
+
+def _b2b_backward(ctx, grad):
+    """Recomputes the two convs with ATen under autograd (the fused kernel's math: the first
+    conv's output rounded to the input dtype) and differentiates them."""
+    x, w0, b0, w1, b1 = ctx.saved_tensors
+    stride, padding, relu0, relu1 = ctx.args
+    acc = _accumulate_dtype(x)
+    leaves = [t.detach().requires_grad_(need) if t is not None else None
+              for t, need in zip((x, w0, b0, w1, b1), ctx.needs_input_grad[:5])]
+    with torch.enable_grad():
+        lx, lw0, lb0, lw1, lb1 = leaves
+        y0 = torch.nn.functional.conv2d(lx.to(acc), lw0.to(acc), None if lb0 is None else lb0.to(acc), stride, padding)
+        if relu0:
+            y0 = torch.relu(y0)
+        y0 = y0.to(x.dtype).to(acc)
+        y1 = torch.nn.functional.conv2d(y0, lw1.to(acc), None if lb1 is None else lb1.to(acc))
+        if relu1:
+            y1 = torch.relu(y1)
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(y1, wanted, grad.to(acc)) if wanted else ())
+    return tuple(next(grads).to(t.dtype) if t is not None and t.requires_grad else None for t in leaves) + \
+        (None,) * 4
+
+
+torch.library.register_autograd("cutlass_ops::conv2d_b2b", _b2b_backward, setup_context=_b2b_setup)

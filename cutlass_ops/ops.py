@@ -106,6 +106,61 @@ def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post
     return input.new_empty((n, k, p, q)).contiguous(memory_format=torch.channels_last)
 
 
+def conv2d_b2b(
+    input: torch.Tensor,
+    w0: torch.Tensor,
+    bias0: Optional[torch.Tensor],
+    w1: torch.Tensor,
+    bias1: Optional[torch.Tensor] = None,
+    stride: Union[int, Sequence[int]] = 1,
+    padding: Union[int, Sequence[int]] = 0,
+    relu0: bool = True,
+    relu1: bool = True,
+) -> torch.Tensor:
+    """Back-to-back convs ``act1(conv1x1(act0(conv2d(input, w0) + bias0), w1) + bias1)``: on
+    CUDA in one kernel (CUTLASS's B2B fusion: the first conv's output tile stays in registers
+    and is the second conv's input; it is rounded to the input dtype there, as two separate
+    16-bit convs would round it).  The 3x3 -> 1x1 pair of a bottleneck block.
+
+    input  (N, C, H, W) float16/bfloat16 on CUDA (CPU and float32/64 run the ATen composite).
+    w0     (K0, C, R, S), any kernel size, with ``stride`` and ``padding``.
+    bias0  (K0,) or None; w1 (K1, K0, 1, 1); bias1 (K1,) or None.
+    relu0, relu1: ReLU after each conv.
+
+    Returns (N, K1, P, Q), channels_last.  Fused only where a generated instance exists:
+    sm80 or newer (Volta has no B2B conv in CUTLASS), fp16/bf16, C a multiple of 8, both ReLUs
+    on, and (K0, K1) one of the built pairs (``conv2d_b2b_kernels()``; by default 32->64,
+    64->64, 64->128): each instance computes exactly its channel counts.  Anything else runs
+    two ATen convs with a one-time warning; ``conv2d_b2b_last_kernel()`` says which ran.
+    Differentiable: the backward recomputes the composite (there is no fused backward).
+    """
+    return torch.ops.cutlass_ops.conv2d_b2b(input, w0, bias0, w1, bias1, _pair(stride, "stride"),
+                                            _pair(padding, "padding"), bool(relu0), bool(relu1))
+
+
+def conv2d_b2b_last_kernel() -> str:
+    """The kernel the last conv2d_b2b call on this thread ran ("aten" for the composite)."""
+    return torch.ops.cutlass_ops.conv2d_b2b_last_kernel()
+
+
+def conv2d_b2b_kernels() -> list[str]:
+    """Names of the B2B kernels this build compiled (none in a CPU-only build)."""
+    if not hasattr(torch.ops.cutlass_ops, "conv2d_b2b_kernels"):  # registered by CUDA builds only
+        return []
+    return list(torch.ops.cutlass_ops.conv2d_b2b_kernels())
+
+
+@torch.library.register_fake("cutlass_ops::conv2d_b2b")
+def _conv2d_b2b_fake(input, w0, bias0, w1, bias1=None, stride=(1, 1), padding=(0, 0), relu0=True, relu1=True):
+    _check_devices("conv2d_b2b", ("input", input), ("w0", w0), ("bias0", bias0), ("w1", w1), ("bias1", bias1))
+    torch._check(input.dim() == 4 and w0.dim() == 4 and w1.dim() == 4, lambda: "conv2d_b2b: tensors must be 4-D")
+    torch._check(w0.shape[1] == input.shape[1], lambda: "conv2d_b2b: input and w0 channel counts differ")
+    torch._check(w1.shape[1] == w0.shape[0] and w1.shape[2] == 1 and w1.shape[3] == 1,
+                 lambda: "conv2d_b2b: w1 must be (K1, K0, 1, 1)")
+    n, _, p, q = _conv_output_size(input.shape, w0.shape, stride, padding)
+    return input.new_empty((n, w1.shape[0], p, q)).contiguous(memory_format=torch.channels_last)
+
+
 def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
             fc1_bias: torch.Tensor, fc2_weight: torch.Tensor, fc2_bias: torch.Tensor,
             identity_bias: Scalar = None, post_bias: Scalar = None, avgpool: bool = False,

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .b2b import b2b_instances, emit_b2b_dispatch_table, emit_b2b_instance
 from .manifest import KERNEL_SETS, instance_keys
 from .tiles import ci_tiles, select_tiles, sweep_tiles
 
@@ -61,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                 texts[inst.source] = text
         rules += [(key, rule) for rule in key_rules]
 
+    b2b = b2b_instances(args.archs, args.kernels)
     for inst in instances:
         print(f"  {inst.name}  [{inst.tile_origin}]", file=sys.stderr if args.list else sys.stdout)
+    for inst in b2b:
+        print(f"  {inst.name}  [B2B]", file=sys.stderr if args.list else sys.stdout)
     if args.list:
         return 0
 
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     write_if_changed(args.out / "conv2d_fused_dispatch_table.cpp", emit_dispatch_table(fprop, fprop_rules))
     write_if_changed(args.out / "conv2d_backward_dispatch_table.cpp",
                      emit_backward_dispatch_table(backward, backward_rules))
+    for inst in b2b:
+        write_if_changed(args.out / inst.source, emit_b2b_instance(inst))
+    write_if_changed(args.out / "conv2d_b2b_dispatch_table.cpp", emit_b2b_dispatch_table(b2b))
 
     by_family: dict[int, list[str]] = {}
     for inst in instances:
@@ -86,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"set(CUTLASS_OPS_INSTANCES_SM{family} {files})")
     lines.append(f'set(CUTLASS_OPS_DISPATCH_TABLE "{args.out / "conv2d_fused_dispatch_table.cpp"}")')
     lines.append(f'set(CUTLASS_OPS_BACKWARD_DISPATCH_TABLE "{args.out / "conv2d_backward_dispatch_table.cpp"}")')
+    # B2B instances: family 80, but with the CUTLASS example's include folder (CMakeLists.txt)
+    lines.append("set(CUTLASS_OPS_INSTANCES_B2B " + " ".join(f'"{args.out / i.source}"' for i in b2b) + ")")
+    lines.append(f'set(CUTLASS_OPS_B2B_DISPATCH_TABLE "{args.out / "conv2d_b2b_dispatch_table.cpp"}")')
     write_if_changed(args.out / "instances.cmake", "\n".join(lines) + "\n")
-    print(f"cutlass_ops_gen: {len(instances)} kernel instances, {len(rules)} profile rules in {args.out}")
+    print(f"cutlass_ops_gen: {len(instances)} conv kernel instances, {len(b2b)} B2B instances, "
+          f"{len(rules)} profile rules in {args.out}")
     return 0
 
 
