@@ -130,7 +130,7 @@ def conv2d_b2b(
     Returns (N, K1, P, Q), channels_last.  Fused only where a generated instance exists:
     sm80 or newer (Volta has no B2B conv in CUTLASS), fp16/bf16, C a multiple of 8, both ReLUs
     on, and (K0, K1) one of the built pairs (``conv2d_b2b_kernels()``; by default 32->64,
-    64->64, 64->128): each instance computes exactly its channel counts.  Anything else runs
+    64->64, 64->128, 64->256): each instance computes exactly its channel counts.  Anything else runs
     two ATen convs with a one-time warning; ``conv2d_b2b_last_kernel()`` says which ran.
     Differentiable: the backward recomputes the composite (there is no fused backward).
     """

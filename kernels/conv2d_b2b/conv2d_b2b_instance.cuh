@@ -1,6 +1,7 @@
 // One back-to-back conv instance: a KxRxS conv with bias + ReLU, then a 1x1 conv with bias
-// (+ ReLU), fused by CUTLASS's B2bImplicitGemmConvolution (Sm80, "RF-resident": the first
-// conv's accumulators are converted in registers into the second conv's A operand).  The
+// + ReLU, fused by CUTLASS's B2bImplicitGemmConvolution (Sm80; the first conv's output tile
+// never leaves the CTA: converted in registers, or staged in shared memory for K1 = 256,
+// into the second conv's A operand).  The
 // generator writes one .cu per (dtype, K0, K1) that expands CUTLASS_OPS_B2B_INSTANCE.
 //
 // CUTLASS's constraints (kernel/default_b2b_conv2d_fprop_sm80.h, the example's README):
@@ -15,22 +16,47 @@
 // From the wheel's source/examples/13_two_tensor_op_fusion (not in include/).
 #include "device/b2b_implicit_gemm_convolution.h"
 #include "kernel/default_b2b_conv2d_fprop_sm80.h"
+#include "kernel/default_b2b_conv2d_fprop_smem_accumulator_sm80.h"
 
 #include "conv2d_b2b/conv2d_b2b_args.h"
 
 namespace cutlass_ops {
 namespace conv2d_b2b {
 
-template <typename Element, int K0, int K1>
-struct B2bConfig {
-  using ElementAccumulator = float;
-  using ElementCompute = float;
-  // Two warps per CTA in both GEMMs (B2B needs the same warp count): 32 rows of the
-  // GEMM's M each, the whole N (K0, then K1) per warp.
+// K1 <= 128: "RF-resident", two warps per CTA in both GEMMs (B2B needs the same warp
+// count), 32 rows of the GEMM's M each and the whole N (K0, then K1) per warp.  K1 = 256 (the
+// bottleneck's 64 -> 256 expansion): a whole-N warp would hold 256 float accumulators per
+// thread, so the first conv's output goes through shared memory instead ("smem-resident",
+// kernel/default_b2b_conv2d_fprop_smem_accumulator_sm80.h) and four warps split both GEMMs,
+// the shapes of the example's fused_two_convs_f16_sm80_shmem.cu.
+template <int K0, int K1, bool kSmem = (K1 > 128)>
+struct B2bTiles {
   using ThreadblockShape0 = cutlass::gemm::GemmShape<64, K0, 32>;
   using WarpShape0 = cutlass::gemm::GemmShape<32, K0, 32>;
   using ThreadblockShape1 = cutlass::gemm::GemmShape<64, K1, 32>;
   using WarpShape1 = cutlass::gemm::GemmShape<32, K1, 32>;
+  static constexpr bool kSmemAccumulator = false;
+};
+
+template <int K0, int K1>
+struct B2bTiles<K0, K1, true> {
+  static_assert(K0 == 64 && K1 == 256, "the smem-resident B2B instance is written for 64 -> 256");
+  using ThreadblockShape0 = cutlass::gemm::GemmShape<64, K0, 32>;
+  using WarpShape0 = cutlass::gemm::GemmShape<32, 32, 32>;
+  using ThreadblockShape1 = cutlass::gemm::GemmShape<64, K1, 32>;
+  using WarpShape1 = cutlass::gemm::GemmShape<64, 64, 32>;
+  static constexpr bool kSmemAccumulator = true;
+};
+
+template <typename Element, int K0, int K1>
+struct B2bConfig {
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using Tiles = B2bTiles<K0, K1>;
+  using ThreadblockShape0 = typename Tiles::ThreadblockShape0;
+  using WarpShape0 = typename Tiles::WarpShape0;
+  using ThreadblockShape1 = typename Tiles::ThreadblockShape1;
+  using WarpShape1 = typename Tiles::WarpShape1;
   using InstructionShape = cutlass::gemm::GemmShape<16, 8, 16>;
   // The first epilogue works on one mma's accumulators at a time; its bias is a float
   // vector (ref_Bias0), alpha 1.
@@ -46,7 +72,7 @@ struct B2bConfig {
       cutlass::layout::TensorNHWC, ElementAccumulator, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
       ThreadblockShape0, ThreadblockShape1, WarpShape0, WarpShape1, InstructionShape, EpilogueOutputOp0,
       EpilogueOutputOp1, cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, 3,
-      cutlass::arch::OpMultiplyAdd, cutlass::conv::IteratorAlgorithm::kOptimized>::Kernel;
+      cutlass::arch::OpMultiplyAdd, cutlass::conv::IteratorAlgorithm::kOptimized, Tiles::kSmemAccumulator>::Kernel;
   using Operation = cutlass::conv::device::B2bImplicitGemmConvolution<Kernel>;
 };
 

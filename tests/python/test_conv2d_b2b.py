@@ -37,8 +37,10 @@ def _reference(x, w0, b0, w1, b1, stride, padding, relu0=True, relu1=True, round
 
 
 # (N, C, H, W, K0, K1, R, stride, padding): odd batches and maps, strided, 1x1 and 3x3.
+# The last two: a bottleneck block's 3x3 64 -> 64 then 1x1 64 -> 256 (the smem-resident instance).
 SHAPES = [(3, 64, 9, 7, 64, 128, 3, 1, 1), (5, 32, 16, 16, 64, 64, 3, 2, 1), (1, 16, 5, 11, 32, 64, 3, 1, 0),
-          (7, 64, 8, 8, 64, 128, 1, 1, 0), (2, 8, 13, 13, 64, 64, 3, 2, 0)]
+          (7, 64, 8, 8, 64, 128, 1, 1, 0), (2, 8, 13, 13, 64, 64, 3, 2, 0), (3, 64, 14, 14, 64, 256, 3, 1, 1),
+          (2, 64, 9, 9, 64, 256, 3, 2, 1)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
