@@ -77,6 +77,16 @@ def cmd_bench(args) -> int:
         return bench_train_cmd(args)
     if args.what == "cvt":
         return bench_cvt_cmd(args)
+    if args.what == "b2b":
+        from .tools.b2b_bench import B2B_SYSTEMS, bench_b2b, print_b2b_table
+        systems = [s for s in B2B_SYSTEMS if (not args.systems or s in args.systems)
+                   and not (args.no_compile and s.startswith("torch.compile"))]
+        result = bench_b2b(args.n, args.c, args.k, args.k1, args.hw, _dtype(args.dtype or "fp16"), systems,
+                           **_timing_args(args, 200))
+        result["environment"] = environment()
+        print_b2b_table(result)
+        write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/b2b.json"), result)
+        return 0
     if args.what == "giou":
         from .tools.giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
@@ -264,7 +274,7 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against PyTorch in the same process (CUDA events, "
                                      "medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt", "b2b"],
                    help="conv: one fused conv layer; resnet: FusedResNet inference, train: a FusedResNet "
                         "training step (fwd+bwd), each vs eager (+ CUDA graph) and torch.compile "
                         "max-autotune (NCHW, channels_last, and no-cudagraphs captured by hand), in "
@@ -274,7 +284,8 @@ def main(argv=None) -> int:
                         "eager and torch.compile max-autotune on issue 19's four MLPs (+ one), inference and "
                         "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON); cvt: "
                         "FusedCvT (CvT-13, only its conv embeddings fused so far) inference and a training "
-                        "step vs the same peers as resnet/train (JSON + PNGs)")
+                        "step vs the same peers as resnet/train (JSON + PNGs); b2b: conv2d_b2b (3x3 C->K then "
+                        "1x1 K->K1, --n --c --k --k1 --hw) vs the two convs in eager, cuDNN and torch.compile")
     b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/tools/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
                    help="mlp: inference and/or train (fwd+bwd)")
@@ -301,6 +312,7 @@ def main(argv=None) -> int:
     b.add_argument("--c", type=int, default=64, help="input channels (default 64)")
     b.add_argument("--k", type=int, default=64, help="output channels (default 64)")
     b.add_argument("--hw", type=int, default=16, help="height = width (default 16)")
+    b.add_argument("--k1", type=int, default=256, help="b2b: the 1x1 conv's output channels (default 256)")
     b.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
                    help="conv/resnet: fp16 (default) or bf16; giou: box dtype (default fp32)")
     b.add_argument("--iters", type=int, default=100, help="conv/giou: timed iterations (median reported)")
