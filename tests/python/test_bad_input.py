@@ -150,8 +150,19 @@ def _giou_ragged_call(a):
     return cutlass_ops.giou_loss_ragged(a["boxes1 (pred)"], a["boxes2 (target)"], a["offsets"], reduction="none")
 
 
+def _b2b_args(device, dtype):
+    return dict(input=_t(2, 8, 6, 6, device=device, dtype=dtype, cl=True),
+                w0=_t(16, 8, 3, 3, device=device, dtype=dtype, cl=True), bias0=_t(16, device=device, dtype=dtype),
+                w1=_t(8, 16, 1, 1, device=device, dtype=dtype, cl=True), bias1=_t(8, device=device, dtype=dtype))
+
+
+def _b2b_call(a):
+    return cutlass_ops.conv2d_b2b(a["input"], a["w0"], a["bias0"], a["w1"], a["bias1"], 1, 1)
+
+
 OPS = {
     "conv2d_fused": (_conv2d_fused_args, _conv2d_fused_call),
+    "conv2d_b2b": (_b2b_args, _b2b_call),
     "conv2d_dgrad": (_dgrad_args, _dgrad_call),
     "conv2d_wgrad": (_wgrad_args, _wgrad_call),
     "se_gate": (_se_gate_args, _se_gate_call),

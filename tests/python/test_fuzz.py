@@ -193,6 +193,48 @@ def run_conv2d_fused(c, device):
     return fail
 
 
+# The (K0, K1) pairs the default build has B2B instances for (python/cutlass_ops_gen/b2b.py):
+# drawn often, so that the fused kernels run; other pairs take the ATen composite.
+B2B_PAIRS = [(32, 64), (64, 64), (64, 128), (64, 256)]
+
+
+def draw_conv2d_b2b(rng):
+    r = rng.choice([1, 3, 3, 5])
+    stride, pad = rng.randint(1, 2), rng.randint(0, r // 2 + 1)
+    h, w = rng.randint(max(1, r - 2 * pad), 18), rng.randint(max(1, r - 2 * pad), 18)
+    k0, k1 = rng.choice(B2B_PAIRS) if rng.random() < 0.7 else (_dims(rng, hi=72), _dims(rng, hi=72))
+    return dict(n=_batch(rng), c=_dims(rng, mult8=0.8), k0=k0, k1=k1, h=h, w=w, r=r, stride=stride, pad=pad,
+                dtype=str(_dtype(rng))[6:], bias=rng.random() < 0.8, relu0=rng.random() < 0.85,
+                relu1=rng.random() < 0.85, x_layout=rng.choice(LAYOUTS), w_layout=rng.choice(LAYOUTS),
+                special=_special(rng), seed=rng.randrange(2**31))
+
+
+def run_conv2d_b2b(c, device):
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    n, k0, k1, r, stride, pad = c["n"], c["k0"], c["k1"], c["r"], c["stride"], c["pad"]
+    x = make((n, c["c"], c["h"], c["w"]), dtype, device, c["x_layout"], g, special=c["special"])
+    w0 = make((k0, c["c"], r, r), dtype, device, c["w_layout"], g, scale=(c["c"] * r * r) ** -0.5)
+    w1 = make((k1, k0, 1, 1), dtype, device, c["w_layout"], g, scale=k0 ** -0.5)
+    b0 = make((k0,), dtype, device, "nchw", g, scale=0.5) if c["bias"] else None
+    b1 = make((k1,), dtype, device, "nchw", g, scale=0.5) if c["bias"] else None
+    out = cutlass_ops.conv2d_b2b(x, w0, b0, w1, b1, stride, pad, c["relu0"], c["relu1"])
+
+    def formula(x_, w0_, b0_, w1_, b1_):
+        y = F.conv2d(x_, w0_, b0_, stride, pad)
+        y = torch.relu(y) if c["relu0"] else y
+        y = F.conv2d(y, w1_, b1_)
+        return torch.relu(y) if c["relu1"] else y
+    ref = formula(d64(x), d64(w0), d64(b0), d64(w1), d64(b1))
+    own = _own(formula, dtype, device, x, w0, b0, w1, b1)
+    alt = formula(*[t if t is None else t.float() for t in (x, w0, b0, w1, b1)]) if device == "cpu" else None
+    # slack 2: the first conv's output is rounded to the dtype before the second (as PyTorch's own
+    # run rounds it), which PyTorch's own error covers only up to the 2x
+    fail = compare("out", out, ref, own, dtype, slack=2.0, alt=alt)
+    if out.dtype != dtype or not out.is_contiguous(memory_format=torch.channels_last):
+        fail = fail or f"out: dtype {out.dtype} / not channels_last"
+    return fail
+
+
 def draw_conv_backward(rng):
     d = draw_conv2d_fused(rng)
     return {key: d[key] for key in ("n", "c", "k", "h", "w", "r", "s", "stride", "pad", "dtype", "scale",
@@ -564,6 +606,7 @@ def _relayout(t, device, layout):
 
 OPS = {
     "conv2d_fused": (draw_conv2d_fused, run_conv2d_fused),
+    "conv2d_b2b": (draw_conv2d_b2b, run_conv2d_b2b),
     "conv2d_dgrad": (draw_conv_backward, run_conv2d_dgrad),
     "conv2d_wgrad": (draw_conv_backward, run_conv2d_wgrad),
     "se_gate": (draw_se_gate, run_se_gate),
@@ -613,11 +656,14 @@ def test_fuzz(op, device):
         if fail:
             pytest.fail(f"fuzz {op} case {i} (seed {SEED}) on {device}: {fail}\nreproduce:\n{snippet(op, case, device)}",
                         pytrace=False)
+        if op == "conv2d_b2b":
+            path = "cutlass" if ops.conv2d_b2b_last_kernel().startswith("cutlass") else ops.conv2d_b2b_last_kernel()
+            kernels[path] = 1 + kernels.get(path, 0)
         if op == "conv2d_fused":
             name = cutlass_ops.conv2d_fused_last_kernel()
             kernels[name.split(" ")[0] if not name.startswith("cutlass") else "cutlass"] = 1 + kernels.get(
                 name.split(" ")[0] if not name.startswith("cutlass") else "cutlass", 0)
     if kernels:
         print(f"  paths: {kernels}")
-    if device == "cuda" and op == "conv2d_fused" and count >= 200:
+    if device == "cuda" and op in ("conv2d_fused", "conv2d_b2b") and count >= 200:
         assert kernels.get("cutlass", 0) > count // 10, kernels  # the fuzz reaches the kernels

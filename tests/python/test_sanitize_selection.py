@@ -110,6 +110,24 @@ def test_conv2d_fused_align1():
     assert errors(out, want)[0] < 1e-2
 
 
+# ---- conv2d_b2b: every built back-to-back instance (register- and shared-memory-resident) ----
+
+@pytest.mark.parametrize("name", ops.conv2d_b2b_kernels() or ["(none built)"])
+def test_conv2d_b2b(name):
+    if name == "(none built)":
+        pytest.skip("no conv2d_b2b instances in this build")
+    k0, k1 = (int(part[1:]) for part in name.split("_")[-3:-1])
+    dtype = H if "_f16_" in name else torch.bfloat16
+    x = _r(3, 16, 5, 7, dtype=dtype, cl=True)
+    w0, w1 = _r(k0, 16, 3, 3, dtype=dtype, scale=0.25), _r(k1, k0, 1, 1, dtype=dtype, scale=k0 ** -0.5)
+    b0, b1 = _r(k0, dtype=dtype, seed=1), _r(k1, dtype=dtype, seed=2)
+    out = cutlass_ops.conv2d_b2b(x, w0, b0, w1, b1, stride=1, padding=1)
+    assert ops.conv2d_b2b_last_kernel() == name
+    y0 = torch.relu(F.conv2d(x.double(), w0.double(), b0.double(), padding=1)).to(dtype).double()
+    want = torch.relu(F.conv2d(y0, w1.double(), b1.double()))
+    assert errors(out, want)[0] < 2e-2
+
+
 # ---- dgrad / wgrad: unity and strided CUTLASS kernels, split-K wgrad, the cuDNN path's scaling --
 
 def _bwd_kernels(kind):
