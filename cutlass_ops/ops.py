@@ -118,9 +118,10 @@ def conv2d_b2b(
     relu1: bool = True,
 ) -> torch.Tensor:
     """Back-to-back convs ``act1(conv1x1(act0(conv2d(input, w0) + bias0), w1) + bias1)``: on
-    CUDA in one kernel (CUTLASS's B2B fusion: the first conv's output tile stays in registers
-    and is the second conv's input; it is rounded to the input dtype there, as two separate
-    16-bit convs would round it).  The 3x3 -> 1x1 pair of a bottleneck block.
+    CUDA in one kernel (CUTLASS's B2B fusion: the first conv's output tile stays on chip, in
+    registers or for K1 = 256 in shared memory, and is the second conv's input; it is rounded
+    to the input dtype there, as two separate 16-bit convs would round it).  The 3x3 -> 1x1
+    pair of a bottleneck block.
 
     input  (N, C, H, W) float16/bfloat16 on CUDA (CPU and float32/64 run the ATen composite).
     w0     (K0, C, R, S), any kernel size, with ``stride`` and ``padding``.
@@ -130,8 +131,9 @@ def conv2d_b2b(
     Returns (N, K1, P, Q), channels_last.  Fused only where a generated instance exists:
     sm80 or newer (Volta has no B2B conv in CUTLASS), fp16/bf16, C a multiple of 8, both ReLUs
     on, and (K0, K1) one of the built pairs (``conv2d_b2b_kernels()``; by default 32->64,
-    64->64, 64->128, 64->256): each instance computes exactly its channel counts.  Anything else runs
-    two ATen convs with a one-time warning; ``conv2d_b2b_last_kernel()`` says which ran.
+    64->64, 64->128, 64->256): each instance computes exactly its channel counts.  Anything
+    else runs two ATen convs with a one-time warning; ``conv2d_b2b_last_kernel()`` says
+    which ran.
     Differentiable: the backward recomputes the composite (there is no fused backward).
     """
     return torch.ops.cutlass_ops.conv2d_b2b(input, w0, bias0, w1, bias1, _pair(stride, "stride"),

@@ -80,8 +80,8 @@ def _se_hidden_conditioning(r64):
     def kappa(b):
         w2 = r64.layers[b][0].se.excite[2].weight.detach()
         terms = seen[(b, "dpre")][:, :, None] * w2[None]  # (N, C, hidden)
-        ratio = terms.abs().sum(1) / terms.sum(1).abs()
-        return ratio[seen[(b, "z")] > 0].max().item()
+        ratio = (terms.abs().sum(1) / terms.sum(1).abs())[seen[(b, "z")] > 0]
+        return ratio.max().item() if ratio.numel() else 1.0  # no active unit: excite.0's gradient is 0
     return kappa
 
 
