@@ -89,6 +89,13 @@ Tensor conv2d_b2b_cuda(Tensor const& input, Tensor const& w0, std::optional<Tens
   a.bias1 = b1.data_ptr();
   a.output = output.data_ptr();
   cutlass::Status status = entry->run(a, current_cuda_stream(dev));
+  if (status == cutlass::Status::kErrorInvalidProblem || status == cutlass::Status::kErrorNotSupported ||
+      status == cutlass::Status::kErrorMisalignedOperand) {
+    // CUTLASS's can_implement refused the problem before any launch: the composite is right.
+    CUTLASS_OPS_WARN_ONCE("cutlass_ops.conv2d_b2b: ", entry->name, " cannot run this problem (",
+                          cutlass::cutlassGetStatusString(status), "); using two ATen convs (not fused)");
+    return conv2d_b2b_aten(input, w0, bias0, w1, bias1, stride, padding, relu0, relu1);
+  }
   CUTLASS_OPS_CHECK(status == cutlass::Status::kSuccess, "conv2d_b2b: kernel ", entry->name, " failed: ",
                     cutlass::cutlassGetStatusString(status), " / ", cudaGetErrorString(cudaGetLastError()),
                     " (was the library built for this GPU's arch? see CUTLASS_OPS_ARCHS)");
