@@ -182,3 +182,26 @@ def test_large_giou_over_2_31_elements(reduction):
         p, t = b1[sl].detach().double().cpu().requires_grad_(), b2[sl].detach().double().cpu().requires_grad_()
         cutlass_ops.giou_loss(p, t, "sum").backward()
         assert errors(b1.grad[sl], p.grad)[0] < 2e-3 and errors(b2.grad[sl], t.grad)[0] < 2e-3
+
+
+def test_large_conv2d_b2b_over_2_31():
+    """The B2B instances index in 32 bits: an output over 2^31 elements takes the ATen
+    composite (its one-time warning), right at the far end; just below it, the fused kernel
+    runs (when this build has the 64 -> 256 instance)."""
+    need(30)
+    w0 = (randn(64, 64, 3, 3, cl=True) * (64 * 9) ** -0.5).contiguous(memory_format=torch.channels_last)
+    w1 = (randn(256, 64, 1, 1, cl=True) * 0.125).contiguous(memory_format=torch.channels_last)
+    b0, b1 = torch.linspace(-0.5, 0.5, 64, device="cuda", dtype=H), torch.linspace(-0.5, 0.5, 256, device="cuda", dtype=H)
+    fused = "cutlass_ops_conv2d_b2b_f16_sm80_k64_k256_relu" in ops.conv2d_b2b_kernels()
+    for n, over in ((63, False), (65, True)):  # 256 * 362^2 * n: 2.11e9 (n=63) and 2.18e9 (n=65)
+        x = randn(n, 64, 362, 362, cl=True)
+        out = cutlass_ops.conv2d_b2b(x, w0, b0, w1, b1, stride=1, padding=1)
+        assert (out.numel() >= LIMIT) == over
+        ran = ops.conv2d_b2b_last_kernel()
+        assert ran == "aten" if over else (ran.startswith("cutlass") or not fused), ran
+        last = slice(n - 1, n)  # the far end, where a wrapped index would land
+        y0 = torch.relu(F.conv2d(x[last].double(), w0.double(), b0.double(), padding=1)).half().double()
+        want = torch.relu(F.conv2d(y0, w1.double(), b1.double()))
+        assert errors(out[last], want)[0] < 2e-3, (n, ran)
+        del x, out
+        torch.cuda.empty_cache()
