@@ -36,6 +36,7 @@ def cmd_info(args) -> int:
                                     for family in (70, 80, 90)}
     info["conv2d_backward_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_backward_kernels(family))
                                        for family in (80, 90)}
+    info["conv2d_b2b_kernels"] = len(cutlass_ops.ops.conv2d_b2b_kernels())  # family 80 only
     info["gpus_this_build_cannot_run"] = unsupported_gpus()
     print(json.dumps(info, indent=2))
     return 0
