@@ -52,3 +52,58 @@ class FusedConv2d(nn.Module):
         k, c, r, s = self.weight.shape
         return (f"{c}, {k}, kernel_size=({r}, {s}), stride={tuple(self.stride)}, "
                 f"padding={tuple(self.padding)}, bias={self.bias is not None}, relu={self.relu}")
+
+
+class FusedConvPair(nn.Module):
+    """A KxK conv + ReLU followed by a 1x1 conv + ReLU (a bottleneck block's middle and
+    expansion convs) as one ``conv2d_b2b`` call: one kernel on CUDA where a B2B instance covers
+    the channel counts (``ops.conv2d_b2b_kernels()``), two ATen convs otherwise.
+
+    ``FusedConvPair.from_modules(conv0, conv1)`` takes two ``nn.Conv2d`` (``conv1`` 1x1,
+    stride 1, no padding; neither grouped nor dilated) and shares their parameters (its
+    state_dict keys: ``conv0.weight``, ``conv0.bias``, ``conv1.weight``, ``conv1.bias``); the
+    weights are kept in channels_last, which the kernel reads without a copy (the shared convs
+    accept it as they are).  ``relu0``/``relu1``: whether a ReLU follows each conv (fused only
+    when both do).
+    """
+
+    def __init__(self, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True):
+        super().__init__()
+        for name, conv in (("conv0", conv0), ("conv1", conv1)):
+            if not isinstance(conv, nn.Conv2d):
+                raise TypeError(f"FusedConvPair: {name} must be an nn.Conv2d, got {type(conv).__name__}")
+            if conv.groups != 1 or tuple(conv.dilation) != (1, 1) or conv.padding_mode != "zeros":
+                raise ValueError(f"FusedConvPair: {name} must have groups=1, dilation=1 and zero padding, got "
+                                 f"groups={conv.groups}, dilation={conv.dilation}, padding_mode={conv.padding_mode!r}")
+            if isinstance(conv.padding, str):
+                raise ValueError(f"FusedConvPair: {name} padding must be numbers, got {conv.padding!r}")
+        if tuple(conv1.kernel_size) != (1, 1) or tuple(conv1.stride) != (1, 1) or tuple(conv1.padding) != (0, 0):
+            raise ValueError("FusedConvPair: conv1 must be a 1x1 conv with stride 1 and no padding, got kernel "
+                             f"{conv1.kernel_size}, stride {conv1.stride}, padding {conv1.padding}")
+        if conv1.in_channels != conv0.out_channels:
+            raise ValueError(f"FusedConvPair: conv1 takes {conv1.in_channels} channels but conv0 gives "
+                             f"{conv0.out_channels}")
+        self.conv0, self.conv1, self.relu0, self.relu1 = conv0, conv1, relu0, relu1
+        self._weights_channels_last()
+
+    def _weights_channels_last(self) -> None:
+        for conv in (self.conv0, self.conv1):
+            conv.weight.data = conv.weight.data.contiguous(memory_format=torch.channels_last)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._weights_channels_last()
+        return out
+
+    @classmethod
+    def from_modules(cls, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True):
+        return cls(conv0, conv1, relu0, relu1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .ops import conv2d_b2b
+        c0, c1 = self.conv0, self.conv1
+        return conv2d_b2b(x, c0.weight, c0.bias, c1.weight, c1.bias, list(c0.stride), list(c0.padding),
+                          self.relu0, self.relu1)
+
+    def extra_repr(self) -> str:
+        return f"relu0={self.relu0}, relu1={self.relu1}"

@@ -138,3 +138,48 @@ def test_bad_input_names_the_argument(device, rng):
     if device == "cuda":
         with pytest.raises((ValueError, RuntimeError), match="w0 is on"):
             cutlass_ops.conv2d_b2b(x, w0.cpu(), b0, w1, b1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_conv_pair_module(device, rng):
+    """FusedConvPair from the user's two convs shares their parameters and gives the output and
+    gradients of the plain modules: against a float64 copy, no worse than the plain modules'
+    own run in the same dtype (float32 on the CPU, fp16 on CUDA)."""
+    import copy
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    conv0, conv1 = torch.nn.Conv2d(16, 64, 3, stride=2, padding=1), torch.nn.Conv2d(64, 128, 1)
+    with torch.no_grad():
+        for p in (*conv0.parameters(), *conv1.parameters()):
+            p.copy_(torch.randn(p.shape, generator=rng) * 0.2)  # random, non-zero biases
+    ref64 = torch.nn.Sequential(copy.deepcopy(conv0), torch.nn.ReLU(), copy.deepcopy(conv1), torch.nn.ReLU()).double()
+    conv0, conv1 = conv0.to(device, dtype), conv1.to(device, dtype)
+    plain = torch.nn.Sequential(conv0, torch.nn.ReLU(), conv1, torch.nn.ReLU())
+    pair = cutlass_ops.FusedConvPair.from_modules(conv0, conv1)
+    assert set(pair.state_dict()) == {"conv0.weight", "conv0.bias", "conv1.weight", "conv1.bias"}
+    assert pair.conv0.weight is conv0.weight and conv0.weight.is_contiguous(memory_format=CL)
+    x = torch.randn(3, 16, 11, 9, generator=rng).to(device, dtype)
+    g = torch.randn(3, 128, 6, 5, generator=rng)
+    results = {}
+    for name, model, inp in (("fused", pair, x), ("plain", plain, x), ("f64", ref64, x.double().cpu())):
+        inp = inp.clone().requires_grad_()
+        out = model(inp)
+        params = [p for p in model.parameters()]
+        grads = torch.autograd.grad(out, [inp, *params], g.to(out.device, out.dtype))
+        results[name] = [out.detach(), *grads]
+    for i, (fused, plain_t, want) in enumerate(zip(results["fused"], results["plain"], results["f64"])):
+        err, own = errors(fused, want)[0], errors(plain_t, want)[0]
+        slack = 1e-3 if dtype == torch.float16 else 1e-6  # a few units of the dtype's rounding
+        assert err <= 2 * own + slack, (i, err, own)  # 0: the output, 1: x, then the parameters
+    assert pair(x).shape == (3, 128, 6, 5)
+
+
+def test_fused_conv_pair_refuses_what_it_cannot_fuse():
+    c0 = torch.nn.Conv2d(8, 16, 3, padding=1)
+    with pytest.raises(ValueError, match="conv1 must be a 1x1 conv"):
+        cutlass_ops.FusedConvPair(c0, torch.nn.Conv2d(16, 8, 3))
+    with pytest.raises(ValueError, match="conv1 takes 12 channels but conv0 gives 16"):
+        cutlass_ops.FusedConvPair(c0, torch.nn.Conv2d(12, 8, 1))
+    with pytest.raises(ValueError, match="groups=1"):
+        cutlass_ops.FusedConvPair(torch.nn.Conv2d(8, 16, 3, groups=2), torch.nn.Conv2d(16, 8, 1))
+    with pytest.raises(TypeError, match="nn.Conv2d"):
+        cutlass_ops.FusedConvPair(c0, torch.nn.Linear(16, 8))
