@@ -311,6 +311,27 @@ def test_fused_conv2d_module_bad_input(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fused_conv_pair_module_bad_input(device):
+    dtype = F16 if device == "cuda" else torch.float32
+    m = cutlass_ops.FusedConvPair(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(16, 8, 1)).to(device, dtype)
+    x = _t(2, 8, 6, 6, device=device, dtype=dtype, cl=True)
+    m(x)
+    with pytest.raises(ValueError, match="input must be a floating tensor"):
+        m(x.to(torch.int32))
+    with pytest.raises(ValueError, match="w0 dtype"):
+        m(x.to(torch.float64 if dtype != torch.float64 else torch.float32))
+    with pytest.raises(ValueError, match="input must be 4-D"):
+        m(x[0])
+    with pytest.raises(ValueError, match=r"input has 4 channels but w0 expects 8"):
+        m(x[:, :4])
+    with pytest.raises(ValueError, match="w0 is on .* but input is on"):
+        m(x.to(_other_device(device)))
+    with pytest.raises(ValueError, match="input must be a floating tensor, got ComplexFloat"):
+        m(x.to(torch.complex64).requires_grad_())
+    _context_still_works(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_resnet_module_bad_input(device):
     dtype = F16 if device == "cuda" else torch.float32
     m = cutlass_ops.FusedResNet(3).to(device=device, dtype=dtype)
