@@ -4,12 +4,13 @@
 // (reported as skipped by ctest) when there is no CUDA device of sm80 or newer.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
-#include <array>
 #include <random>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "conv2d_b2b/conv2d_b2b_args.h"
 #include "cutlass/conv/conv2d_problem_size.h"
 #include "cutlass/layout/tensor.h"
@@ -17,23 +18,6 @@
 #include "cutlass/util/reference/host/convolution.h"
 
 using namespace cutlass_ops::conv2d_b2b;
-
-#define CHECK_CUDA(x)                                                                 \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-template <typename T>
-T* to_device(std::vector<T> const& h) {
-  T* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, h.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 // One case for one instance: N images of H x W with C channels, a RxR conv (pad, stride) to
 // the instance's K0, then its 1x1 conv to K1.

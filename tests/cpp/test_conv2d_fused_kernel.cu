@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "conv2d_fused/conv2d_fused_dispatch.h"
 #include "cutlass/conv/conv2d_problem_size.h"
 #include "cutlass/layout/tensor.h"
@@ -15,23 +16,6 @@
 #include "cutlass/util/reference/host/convolution.h"
 
 using namespace cutlass_ops::conv2d_fused;
-
-#define CHECK_CUDA(x)                                                                 \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-template <typename T>
-T* to_device(std::vector<T> const& h) {
-  T* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, h.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 struct Case {
   int N, H, W, C, K, R, S, pad, stride;
