@@ -1,6 +1,7 @@
 """Shared by the tests: devices to test on, tolerances, error metrics, poisoning."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cutlass_ops
 
@@ -30,3 +31,16 @@ def poison_cuda_cache(nbytes: int) -> None:
     if torch.cuda.is_available():
         t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
         del t
+
+
+def b2b_reference(x, w0, b0, w1, b1, stride, padding, relu0=True, relu1=True, round_to=None):
+    """conv2d_b2b in float64 on the CPU; the first conv's output rounded to `round_to`, as the op
+    defines it (None: not rounded)."""
+    d = lambda t: None if t is None else t.double().cpu()  # noqa: E731
+    y0 = F.conv2d(d(x), d(w0), d(b0), stride, padding)
+    if relu0:
+        y0 = y0.relu()
+    if round_to is not None:
+        y0 = y0.to(round_to).double()
+    y1 = F.conv2d(y0, d(w1), d(b1))
+    return y1.relu() if relu1 else y1

@@ -5,11 +5,10 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import cutlass_ops
 from cutlass_ops import ops
-from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
+from _helpers import DEVICES, HAS_CUDA, TOLERANCE, b2b_reference, errors, poison_cuda_cache
 
 CL = torch.channels_last
 
@@ -22,18 +21,6 @@ def _inputs(n, c, h, w, k0, k1, r, dtype, device, g, bias=True):
     b0 = (0.5 * torch.randn(k0, generator=g)).to(dtype).to(device) if bias else None
     b1 = (0.5 * torch.randn(k1, generator=g)).to(dtype).to(device) if bias else None
     return x, w0, b0, w1, b1
-
-
-def _reference(x, w0, b0, w1, b1, stride, padding, relu0=True, relu1=True, round_to=None):
-    """float64; the first conv's output rounded to `round_to`, as the op defines it."""
-    d = lambda t: None if t is None else t.double().cpu()  # noqa: E731
-    y0 = F.conv2d(d(x), d(w0), d(b0), stride, padding)
-    if relu0:
-        y0 = y0.relu()
-    if round_to is not None:
-        y0 = y0.to(round_to).double()
-    y1 = F.conv2d(y0, d(w1), d(b1))
-    return y1.relu() if relu1 else y1
 
 
 # (N, C, H, W, K0, K1, R, stride, padding): odd batches and maps, strided, 1x1 and 3x3.
@@ -52,7 +39,7 @@ def test_composite_cpu_matches_float64(shape, bias, rng):
         out = cutlass_ops.conv2d_b2b(*args, stride=stride, padding=padding)
         assert ops.conv2d_b2b_last_kernel() == "aten"
         assert out.is_contiguous(memory_format=CL) and out.dtype == dtype
-        rel, mx = errors(out, _reference(*args, stride, padding))
+        rel, mx = errors(out, b2b_reference(*args, stride, padding))
         assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], (dtype, rel, mx)
 
 
@@ -60,7 +47,7 @@ def test_composite_cpu_matches_float64(shape, bias, rng):
 def test_composite_relu_flags(relu0, relu1, rng):
     args = _inputs(2, 8, 6, 6, 16, 8, 3, torch.float64, "cpu", rng)
     out = cutlass_ops.conv2d_b2b(*args, stride=1, padding=1, relu0=relu0, relu1=relu1)
-    rel, _ = errors(out, _reference(*args, 1, 1, relu0, relu1))
+    rel, _ = errors(out, b2b_reference(*args, 1, 1, relu0, relu1))
     assert rel <= 1e-12
     assert (out < 0).any() == (not relu1)
 
@@ -79,7 +66,7 @@ def test_fused_cuda_matches_float64(shape, dtype, rng):
     out = cutlass_ops.conv2d_b2b(*args, stride=stride, padding=padding)
     assert ops.conv2d_b2b_last_kernel() == name
     assert out.is_contiguous(memory_format=CL) and out.dtype == dtype
-    rel, mx = errors(out, _reference(*args, stride, padding, round_to=dtype))
+    rel, mx = errors(out, b2b_reference(*args, stride, padding, round_to=dtype))
     bound = {torch.float16: (2e-3, 8e-3), torch.bfloat16: (1e-2, 4e-2)}[dtype]
     assert rel <= bound[0] and mx <= bound[1], (rel, mx)
     # NCHW input: converted, same answer
@@ -100,7 +87,7 @@ def test_cuda_fallback_is_right(case, rng):
         warnings.simplefilter("ignore")
         out = cutlass_ops.conv2d_b2b(*args, stride=1, padding=1, relu1=relu1)
     assert ops.conv2d_b2b_last_kernel() == "aten"
-    rel, mx = errors(out, _reference(*args, 1, 1, relu1=relu1, round_to=dtype))
+    rel, mx = errors(out, b2b_reference(*args, 1, 1, relu1=relu1, round_to=dtype))
     assert rel <= TOLERANCE[dtype][0] * 2 and mx <= TOLERANCE[dtype][1] * 2, (rel, mx)
 
 
