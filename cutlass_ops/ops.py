@@ -119,7 +119,7 @@ def conv2d_b2b(
 ) -> torch.Tensor:
     """Back-to-back convs ``act1(conv1x1(act0(conv2d(input, w0) + bias0), w1) + bias1)``: on
     CUDA in one kernel (CUTLASS's B2B fusion: the first conv's output tile stays on chip, in
-    registers or for K1 = 256 in shared memory, and is the second conv's input; it is rounded
+    registers or for K1 >= 128 in shared memory, and is the second conv's input; it is rounded
     to the input dtype there, as two separate 16-bit convs would round it).  The 3x3 -> 1x1
     pair of a bottleneck block.
 

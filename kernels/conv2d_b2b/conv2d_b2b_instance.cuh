@@ -1,6 +1,6 @@
 // One back-to-back conv instance: a KxRxS conv with bias + ReLU, then a 1x1 conv with bias
 // + ReLU, fused by CUTLASS's B2bImplicitGemmConvolution (Sm80; the first conv's output tile
-// never leaves the CTA: converted in registers, or staged in shared memory for K1 = 256,
+// never leaves the CTA: converted in registers, or staged in shared memory for K1 >= 128,
 // into the second conv's A operand).  The
 // generator writes one .cu per (dtype, K0, K1) that expands CUTLASS_OPS_B2B_INSTANCE.
 //
@@ -23,13 +23,17 @@
 namespace cutlass_ops {
 namespace conv2d_b2b {
 
-// K1 <= 128: "RF-resident", two warps per CTA in both GEMMs (B2B needs the same warp
-// count), 32 rows of the GEMM's M each and the whole N (K0, then K1) per warp.  K1 = 256 (the
-// bottleneck's 64 -> 256 expansion): a whole-N warp would hold 256 float accumulators per
-// thread, so the first conv's output goes through shared memory instead ("smem-resident",
-// kernel/default_b2b_conv2d_fprop_smem_accumulator_sm80.h) and four warps split both GEMMs,
-// the shapes of the example's fused_two_convs_f16_sm80_shmem.cu.
-template <int K0, int K1, bool kSmem = (K1 > 128)>
+// K1 <= 64: "RF-resident", two warps per CTA in both GEMMs (B2B needs the same warp count),
+// 32 rows of the GEMM's M each and the whole N (K0, then K1) per warp.  K1 >= 128: the first
+// conv's output goes through shared memory instead ("smem-resident",
+// kernel/default_b2b_conv2d_fprop_smem_accumulator_sm80.h) and four warps split both GEMMs (the
+// shapes of the example's fused_two_convs_f16_sm80_shmem.cu, warp N = K1 / 4).  Why not RF at
+// K1 = 128: with half_t output and float accumulators, CUTLASS's RF-resident kernel at a warp
+// N of 128 returns wrong numbers (relative error 0.7 on an H100, also as compute_80 PTX and
+// with four warps; bf16, half accumulators and the smem-resident kernel are right:
+// docs/experiments/b2b_f16_k128/).  At K1 = 256 a whole-N warp would hold 256 float
+// accumulators per thread anyway.
+template <int K0, int K1, bool kSmem = (K1 > 64)>
 struct B2bTiles {
   using ThreadblockShape0 = cutlass::gemm::GemmShape<64, K0, 32>;
   using WarpShape0 = cutlass::gemm::GemmShape<32, K0, 32>;
@@ -40,19 +44,21 @@ struct B2bTiles {
 
 template <int K0, int K1>
 struct B2bTiles<K0, K1, true> {
-  static_assert(K0 == 64 && K1 == 256, "the smem-resident B2B instance is written for 64 -> 256");
+  static_assert(K0 == 64 && (K1 == 128 || K1 == 256), "the smem-resident B2B tiles are written for 64 -> 128 and 64 -> 256");
   using ThreadblockShape0 = cutlass::gemm::GemmShape<64, K0, 32>;
   using WarpShape0 = cutlass::gemm::GemmShape<32, 32, 32>;
   using ThreadblockShape1 = cutlass::gemm::GemmShape<64, K1, 32>;
-  using WarpShape1 = cutlass::gemm::GemmShape<64, 64, 32>;
+  using WarpShape1 = cutlass::gemm::GemmShape<64, K1 / 4, 32>;
   static constexpr bool kSmemAccumulator = true;
 };
 
-template <typename Element, int K0, int K1>
+// Tiles and Accumulator are parameters so that experiments (docs/experiments/b2b_f16_k128/)
+// can instantiate other shapes through the same code; the generated instances use the defaults.
+template <typename Element, int K0, int K1, typename Tiles_ = B2bTiles<K0, K1>, typename Accumulator = float>
 struct B2bConfig {
-  using ElementAccumulator = float;
+  using ElementAccumulator = Accumulator;
   using ElementCompute = float;
-  using Tiles = B2bTiles<K0, K1>;
+  using Tiles = Tiles_;
   using ThreadblockShape0 = typename Tiles::ThreadblockShape0;
   using WarpShape0 = typename Tiles::WarpShape0;
   using ThreadblockShape1 = typename Tiles::ThreadblockShape1;
@@ -76,9 +82,9 @@ struct B2bConfig {
   using Operation = cutlass::conv::device::B2bImplicitGemmConvolution<Kernel>;
 };
 
-template <typename Element, int K0, int K1>
+template <typename Element, int K0, int K1, typename Tiles = B2bTiles<K0, K1>, typename Accumulator = float>
 cutlass::Status run_b2b(Conv2dB2bArgs const& a, cudaStream_t stream) {
-  using Config = B2bConfig<Element, K0, K1>;
+  using Config = B2bConfig<Element, K0, K1, Tiles, Accumulator>;
   using Op = typename Config::Operation;
   using LayoutNHWC = cutlass::layout::TensorNHWC;
   using ScaleBias = typename Op::ElementScaleBias;

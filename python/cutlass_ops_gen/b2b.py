@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from .manifest import arch_families
 
 # (K0, K1): the first conv's output channels (= the 1x1 conv's input), the 1x1 conv's output.
-# 64 -> 256 is ResNet-50's first bottleneck stage (3x3 64 -> 64, 1x1 64 -> 256): the
-# shared-memory-resident variant (conv2d_b2b_instance.cuh).
+# 64 -> 256 is ResNet-50's first bottleneck stage (3x3 64 -> 64, 1x1 64 -> 256).  K1 >= 128 use
+# the shared-memory-resident variant (conv2d_b2b_instance.cuh says why).
 B2B_SHAPES = ((32, 64), (64, 64), (64, 128), (64, 256))
 # The CI set: one instance, enough to compile and exercise the path.
 B2B_SHAPES_CI = ((64, 128),)
