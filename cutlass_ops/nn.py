@@ -65,6 +65,10 @@ class FusedConvPair(nn.Module):
     weights are kept in channels_last, which the kernel reads without a copy (the shared convs
     accept it as they are).  ``relu0``/``relu1``: whether a ReLU follows each conv (fused only
     when both do).
+
+    Measured on an H100 (README, "The op: conv2d_b2b"): faster than eager PyTorch, cuDNN and
+    torch.compile max-autotune, but slower than two of this library's ``conv2d_fused`` calls
+    (1.1x-1.3x their time); it needs less memory (no intermediate tensor).
     """
 
     def __init__(self, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True):
