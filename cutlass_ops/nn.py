@@ -66,13 +66,20 @@ class FusedConvPair(nn.Module):
     accept it as they are).  ``relu0``/``relu1``: whether a ReLU follows each conv (fused only
     when both do).
 
-    Measured on an H100 (README, "The op: conv2d_b2b"): faster than eager PyTorch, cuDNN and
-    torch.compile max-autotune, but slower than two of this library's ``conv2d_fused`` calls
-    (1.1x-1.3x their time); it needs less memory (no intermediate tensor).
+    ``path``: ``"b2b"`` (default) runs ``conv2d_b2b``; ``"two_convs"`` runs two
+    ``conv2d_fused`` calls (bias and ReLU fused into each conv).  Measured on an H100 (README,
+    "The op: conv2d_b2b"): both beat eager PyTorch, cuDNN and torch.compile max-autotune;
+    ``"two_convs"`` was the faster (the B2B kernel took 1.1x-1.3x its time), ``"b2b"`` needs
+    less memory (the intermediate never reaches global memory).
     """
 
-    def __init__(self, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True):
+    PATHS = ("b2b", "two_convs")
+
+    def __init__(self, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True,
+                 path: str = "b2b"):
         super().__init__()
+        if path not in self.PATHS:
+            raise ValueError(f"FusedConvPair: path must be one of {self.PATHS}, got {path!r}")
         for name, conv in (("conv0", conv0), ("conv1", conv1)):
             if not isinstance(conv, nn.Conv2d):
                 raise TypeError(f"FusedConvPair: {name} must be an nn.Conv2d, got {type(conv).__name__}")
@@ -87,7 +94,7 @@ class FusedConvPair(nn.Module):
         if conv1.in_channels != conv0.out_channels:
             raise ValueError(f"FusedConvPair: conv1 takes {conv1.in_channels} channels but conv0 gives "
                              f"{conv0.out_channels}")
-        self.conv0, self.conv1, self.relu0, self.relu1 = conv0, conv1, relu0, relu1
+        self.conv0, self.conv1, self.relu0, self.relu1, self.path = conv0, conv1, relu0, relu1, path
         self._weights_channels_last()
 
     def _weights_channels_last(self) -> None:
@@ -100,14 +107,18 @@ class FusedConvPair(nn.Module):
         return out
 
     @classmethod
-    def from_modules(cls, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True):
-        return cls(conv0, conv1, relu0, relu1)
+    def from_modules(cls, conv0: nn.Conv2d, conv1: nn.Conv2d, relu0: bool = True, relu1: bool = True,
+                     path: str = "b2b"):
+        return cls(conv0, conv1, relu0, relu1, path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .ops import conv2d_b2b
+        from .ops import conv2d_b2b, conv2d_fused
         c0, c1 = self.conv0, self.conv1
+        if self.path == "two_convs":
+            y = conv2d_fused(x, c0.weight, c0.bias, stride=c0.stride, padding=c0.padding, relu=self.relu0)
+            return conv2d_fused(y, c1.weight, c1.bias, relu=self.relu1)
         return conv2d_b2b(x, c0.weight, c0.bias, c1.weight, c1.bias, list(c0.stride), list(c0.padding),
                           self.relu0, self.relu1)
 
     def extra_repr(self) -> str:
-        return f"relu0={self.relu0}, relu1={self.relu1}"
+        return f"relu0={self.relu0}, relu1={self.relu1}, path={self.path!r}"

@@ -130,11 +130,12 @@ def test_bad_input_names_the_argument(device, rng):
             cutlass_ops.conv2d_b2b(x, w0.cpu(), b0, w1, b1)
 
 
+@pytest.mark.parametrize("path", cutlass_ops.FusedConvPair.PATHS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_fused_conv_pair_module(device, rng):
+def test_fused_conv_pair_module(device, path, rng):
     """FusedConvPair from the user's two convs shares their parameters and gives the output and
     gradients of the plain modules: against a float64 copy, no worse than the plain modules'
-    own run in the same dtype (float32 on the CPU, fp16 on CUDA)."""
+    own run in the same dtype (float32 on the CPU, fp16 on CUDA), on either path."""
     import copy
     dtype = torch.float32 if device == "cpu" else torch.float16
     conv0, conv1 = torch.nn.Conv2d(16, 64, 3, stride=2, padding=1), torch.nn.Conv2d(64, 128, 1)
@@ -144,7 +145,7 @@ def test_fused_conv_pair_module(device, rng):
     ref64 = torch.nn.Sequential(copy.deepcopy(conv0), torch.nn.ReLU(), copy.deepcopy(conv1), torch.nn.ReLU()).double()
     conv0, conv1 = conv0.to(device, dtype), conv1.to(device, dtype)
     plain = torch.nn.Sequential(conv0, torch.nn.ReLU(), conv1, torch.nn.ReLU())
-    pair = cutlass_ops.FusedConvPair.from_modules(conv0, conv1)
+    pair = cutlass_ops.FusedConvPair.from_modules(conv0, conv1, path=path)
     assert set(pair.state_dict()) == {"conv0.weight", "conv0.bias", "conv1.weight", "conv1.bias"}
     assert pair.conv0.weight is conv0.weight and conv0.weight.is_contiguous(memory_format=CL)
     x = torch.randn(3, 16, 11, 9, generator=rng).to(device, dtype)
@@ -160,7 +161,11 @@ def test_fused_conv_pair_module(device, rng):
         err, own = errors(fused, want)[0], errors(plain_t, want)[0]
         slack = 1e-3 if dtype == torch.float16 else 1e-6  # a few units of the dtype's rounding
         assert err <= 2 * own + slack, (i, err, own)  # 0: the output, 1: x, then the parameters
-    assert pair(x).shape == (3, 128, 6, 5)
+    with torch.no_grad():
+        assert pair(x).shape == (3, 128, 6, 5)
+    if device == "cuda":  # the path that ran: one B2B kernel, or conv2d_fused twice (not ATen)
+        ran = ops.conv2d_b2b_last_kernel() if path == "b2b" else ops.conv2d_fused_last_kernel()
+        assert ran.startswith("cutlass_ops_conv2d_"), ran
 
 
 def test_fused_conv_pair_refuses_what_it_cannot_fuse():
@@ -173,3 +178,5 @@ def test_fused_conv_pair_refuses_what_it_cannot_fuse():
         cutlass_ops.FusedConvPair(torch.nn.Conv2d(8, 16, 3, groups=2), torch.nn.Conv2d(16, 8, 1))
     with pytest.raises(TypeError, match="nn.Conv2d"):
         cutlass_ops.FusedConvPair(c0, torch.nn.Linear(16, 8))
+    with pytest.raises(ValueError, match="path must be one of"):
+        cutlass_ops.FusedConvPair(c0, torch.nn.Conv2d(16, 8, 1), path="fast")
