@@ -57,7 +57,8 @@ class FusedConv2d(nn.Module):
 class FusedConvPair(nn.Module):
     """A KxK conv + ReLU followed by a 1x1 conv + ReLU (a bottleneck block's middle and
     expansion convs) as one ``conv2d_b2b`` call: one kernel on CUDA where a B2B instance covers
-    the channel counts (``ops.conv2d_b2b_kernels()``), two ATen convs otherwise.
+    the channel counts (``ops.conv2d_b2b_kernels()``), two ATen convs otherwise (or, with
+    ``path="two_convs"``, as two ``conv2d_fused`` calls).
 
     ``FusedConvPair.from_modules(conv0, conv1)`` takes two ``nn.Conv2d`` (``conv1`` 1x1,
     stride 1, no padding; neither grouped nor dilated) and shares their parameters (its
