@@ -89,13 +89,7 @@ bool run_case(KernelEntry const& k, int N, int H, int W, int C, int R, int pad, 
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaDeviceProp const prop = device_or_skip();
   if (prop.major < 8) {
     std::printf("SKIPPED: %s is sm%d%d; the B2B instances need sm80+\n", prop.name, prop.major, prop.minor);
     return 77;

@@ -100,13 +100,7 @@ bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
 }
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaDeviceProp const prop = device_or_skip();
   int cc = prop.major * 10 + prop.minor;
   std::printf("device: %s (sm%d), %d kernels in the table\n", prop.name, cc, kNumKernels);
   std::mt19937 rng(1234);

@@ -50,13 +50,7 @@ Variant const kVariants[] = {
 };
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaDeviceProp const prop = device_or_skip();
   std::printf("device: %s\n", prop.name);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
