@@ -159,9 +159,15 @@ def test_se_gate_backward(device, dtype, shape, pooled, with_post_bias, with_h_b
     # The two maps are rounded to dtype; the weights' and scalars' gradients are float32
     # sums of the same 16-bit inputs, so they sit far closer to float64.
     map_bound = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]
+    # Rounding to a 16-bit dtype cannot beat its subnormal spacing (fp16: 6e-8): a seed sweep
+    # drew grad_h around 1e-6 at (1, 8, 1, 1) fp16 (one active channel), 4.2e-3 off, each
+    # element within half that spacing.
+    spacing = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
     for name, gt, wt in zip(names[:2], got[:2], want[:2]):
         rel, mx = errors(gt, wt)
-        assert rel < map_bound and mx < 4 * map_bound, (name, rel, mx)
+        err = (gt.detach().double().cpu() - wt).norm().item()
+        subnormal = err <= spacing * gt.numel() ** 0.5
+        assert (rel < map_bound or subnormal) and mx < 4 * map_bound, (name, rel, mx)
         assert gt.dtype == dtype and gt.is_contiguous(memory_format=cl), name
     for name, gt, wt, scale in zip(names[2:6], got[2:6], want[2:6], term_scales):
         # float32 sums over the batch of the same 16-bit inputs: within 1e-4 of float64, or,
