@@ -2,8 +2,9 @@
 users run them, in the same process.
 
 The problem: a bottleneck block's 3x3 conv (C -> K0, bias, ReLU) then its 1x1 conv (K0 -> K1,
-bias, ReLU), fp16, N x C x H x W.  Systems: the fused op (eager call, and in a CUDA graph);
-our own two unfused conv2d_fused calls in a CUDA graph (what the fusion saves over them);
+bias, ReLU), fp16, N x C x H x W.  Systems: FusedConvPair's "b2b" path, the fused op (eager
+call, and in a CUDA graph); its "two_convs" path, our own two unfused conv2d_fused calls in a
+CUDA graph (what the fusion saves over them);
 eager PyTorch (NCHW; channels_last + CUDA graph, i.e. cuDNN); torch.compile max-autotune
 (channels_last; and no-cudagraphs captured by hand).  Throughput, latency and device time
 (bench.measure_systems), the ratios of our best to the best peer per metric, the fused
@@ -36,19 +37,15 @@ def b2b_module(c: int, k0: int, k1: int, r: int = 3) -> nn.Sequential:
 def bench_b2b(n=128, c=64, k0=64, k1=256, hw=56, dtype=torch.float16, systems=B2B_SYSTEMS, device="cuda",
               **timing) -> dict:
     from .. import ops
+    from ..nn import FusedConvPair
     ref = b2b_module(c, k0, k1).to(device, dtype).eval()
     ref_cl = b2b_module(c, k0, k1).to(device, dtype).to(memory_format=torch.channels_last).eval()
     conv0, conv1 = ref_cl[0], ref_cl[2]  # channels_last weights: the fused op takes them without a copy
     x = torch.randn(n, c, hw, hw, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     x_cl = x.contiguous(memory_format=torch.channels_last)
-    args = (conv0.weight, conv0.bias, conv1.weight, conv1.bias)
-
-    def fused():
-        return ops.conv2d_b2b(x_cl, *args, stride=1, padding=conv0.padding[0])
-
-    def unfused():
-        y0 = ops.conv2d_fused(x_cl, conv0.weight, conv0.bias, padding=conv0.padding[0], relu=True)
-        return ops.conv2d_fused(y0, conv1.weight, conv1.bias, relu=True)
+    # The module users run, on its two paths (sharing ref_cl's convs).
+    fused = lambda p=FusedConvPair(conv0, conv1, path="b2b"): p(x_cl)  # noqa: E731
+    unfused = lambda p=FusedConvPair(conv0, conv1, path="two_convs"): p(x_cl)  # noqa: E731
 
     with torch.no_grad():
         out = fused()
