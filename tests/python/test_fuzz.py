@@ -656,13 +656,10 @@ def test_fuzz(op, device):
         if fail:
             pytest.fail(f"fuzz {op} case {i} (seed {SEED}) on {device}: {fail}\nreproduce:\n{snippet(op, case, device)}",
                         pytrace=False)
-        if op == "conv2d_b2b":
-            path = "cutlass" if ops.conv2d_b2b_last_kernel().startswith("cutlass") else ops.conv2d_b2b_last_kernel()
+        if op in ("conv2d_fused", "conv2d_b2b"):  # which path ran: a generated kernel, or "aten" etc.
+            last = ops.conv2d_b2b_last_kernel() if op == "conv2d_b2b" else cutlass_ops.conv2d_fused_last_kernel()
+            path = "cutlass" if last.startswith("cutlass") else last.split(" ")[0]
             kernels[path] = 1 + kernels.get(path, 0)
-        if op == "conv2d_fused":
-            name = cutlass_ops.conv2d_fused_last_kernel()
-            kernels[name.split(" ")[0] if not name.startswith("cutlass") else "cutlass"] = 1 + kernels.get(
-                name.split(" ")[0] if not name.startswith("cutlass") else "cutlass", 0)
     if kernels:
         print(f"  paths: {kernels}")
     if device == "cuda" and op in ("conv2d_fused", "conv2d_b2b") and count >= 200:
