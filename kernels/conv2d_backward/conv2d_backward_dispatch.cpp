@@ -81,6 +81,11 @@ Sm90Policy sm90_policy_from_env() {
   return Sm90Policy::kProfiled;
 }
 
+bool profile_may_choose_cudnn() {
+  char const* v = std::getenv("CUTLASS_OPS_CUDNN");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 namespace {
 
 // The profile's winner (`rule`, or null) first among `candidates`, a wgrad at its measured split
@@ -189,7 +194,7 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
   std::vector<Candidate> candidates = unity;
   candidates.insert(candidates.end(), strided.begin(), strided.end());
   ProfileRule const* rule = only == nullptr ? profile_rule(a, 80) : nullptr;
-  if (rule != nullptr && rule->kernel == -1) {
+  if (rule != nullptr && rule->kernel == -1 && profile_may_choose_cudnn()) {
     result.prefer_cudnn = true;
     result.why_not = "the profile measured cuDNN faster on this problem";
     return result;

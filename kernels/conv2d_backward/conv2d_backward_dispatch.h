@@ -68,6 +68,12 @@ ProfileRule const* profile_rule(Conv2dBackwardArgs const& a, int family = 80);
 enum class Sm90Policy { kOff, kFirst, kProfiled };
 Sm90Policy sm90_policy_from_env();
 
+// Whether a profile rule that measured cuDNN fastest sends the problem to cuDNN (the default),
+// or is ignored so that our kernels run wherever one can (CUTLASS_OPS_CUDNN=0, read per call:
+// compute-sanitizer's initcheck does not see the stores of cuDNN's sm90 kernels, so its run
+// keeps them out; see tests/gpu_sanitize.sh).  Where no kernel fits, cuDNN runs either way.
+bool profile_may_choose_cudnn();
+
 // The kernel (and for wgrad the split-K slices) for `a` on a device of compute capability
 // `cc` with `num_sms` multiprocessors.  Pointers must be set or null (their alignment
 // counts); a.split_k_slices is ignored.  The profile rule's kernel (and split, scaled by

@@ -200,6 +200,50 @@ def test_wgrad_aten_chunks(case, fraction, monkeypatch, rng):
         assert rel < 1e-12 and mx < 1e-11, (budget, rel, mx)
 
 
+def _profile_cudnn_problems():
+    """(kind, N, C, H, W, K, R, stride, pad) of the shipped profiles' rows where cuDNN was
+    fastest, smallest first."""
+    import csv, pathlib
+    rows = []
+    for path in sorted((pathlib.Path(__file__).resolve().parents[2] / "profiles").glob("*/sm80.csv")):
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+        for r in csv.DictReader(lines):
+            if r["Provider"] == "cudnn" and r["Activation"] == "f16:nhwc" and r["r"] == r["s"]:
+                rows.append((r["conv_kind"], *(int(r[f]) for f in ("n", "c", "h", "w", "k", "r", "stride_h", "pad_h"))))
+    return sorted(set(rows), key=lambda t: t[1] * t[3] * t[4] * max(t[2], t[5]))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
+@pytest.mark.parametrize("kind", ["dgrad", "wgrad"])
+def test_cudnn_off_runs_our_kernel(kind, monkeypatch, rng):
+    """A problem the profile gives to cuDNN runs our family-80 kernel under CUTLASS_OPS_CUDNN=0
+    (the sanitizer's initcheck run uses it) and gives the same numbers."""
+    problems = [p for p in _profile_cudnn_problems() if p[0] == kind]
+    if not problems:
+        pytest.skip(f"no cuDNN {kind} row in profiles/*/sm80.csv")
+    _, n, c, h, w, k, r, stride, pad = problems[0]
+    x, weight, dy, stride, pad = _operands((n, c, h, w, k, r, r, stride, pad), torch.float16, "cuda", rng)
+    monkeypatch.setenv("CUTLASS_OPS_SM90", "0")
+
+    def run():
+        if kind == "dgrad":
+            return cutlass_ops.conv2d_dgrad(dy, weight, x.shape, stride, pad)
+        return cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad)[0]
+
+    if kind == "dgrad":
+        ref = conv2d_input(x.shape, weight.double(), dy.double(), stride, pad)
+    else:
+        ref = conv2d_weight(x.double(), weight.shape, dy.double(), stride, pad)
+    run()
+    assert cutlass_ops.ops.conv2d_backward_last_kernel().startswith("aten (cuDNN: the profile"), problems[0]
+    monkeypatch.setenv("CUTLASS_OPS_CUDNN", "0")
+    got = run()
+    name = cutlass_ops.ops.conv2d_backward_last_kernel()
+    assert name.startswith(f"cutlass_ops_conv2d_{kind}_f16_sm80_"), (problems[0], name)
+    rel, mx = errors(got, ref)
+    assert rel < 2e-3, (problems[0], name, rel, mx)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_input(device, rng):
     x, weight, dy, stride, pad = _operands(CASES[0], torch.float16, device, rng)
