@@ -23,8 +23,10 @@
 namespace cutlass_ops {
 namespace conv2d_b2b {
 
-// K1 <= 64: "RF-resident", two warps per CTA in both GEMMs (B2B needs the same warp count),
-// 32 rows of the GEMM's M each and the whole N (K0, then K1) per warp.  K1 >= 128: the first
+// K1 <= 64: "RF-resident", four warps per CTA in both GEMMs (B2B needs the same warp count),
+// 32 rows of the GEMM's M each and the whole N (K0, then K1) per warp: 128 rows per CTA, 12%
+// faster than 64 rows (two warps) on an H100 at 64 -> 64, N=128, 56x56
+// (docs/experiments/b2b_tiles/; 32 -> 64 takes the same shape, not timed on its own).  K1 >= 128: the first
 // conv's output goes through shared memory instead ("smem-resident",
 // kernel/default_b2b_conv2d_fprop_smem_accumulator_sm80.h) and four warps split both GEMMs (the
 // shapes of the example's fused_two_convs_f16_sm80_shmem.cu, warp N = K1 / 4).  Why not RF at
@@ -35,9 +37,9 @@ namespace conv2d_b2b {
 // accumulators per thread anyway.
 template <int K0, int K1, bool kSmem = (K1 > 64)>
 struct B2bTiles {
-  using ThreadblockShape0 = cutlass::gemm::GemmShape<64, K0, 32>;
+  using ThreadblockShape0 = cutlass::gemm::GemmShape<128, K0, 32>;
   using WarpShape0 = cutlass::gemm::GemmShape<32, K0, 32>;
-  using ThreadblockShape1 = cutlass::gemm::GemmShape<64, K1, 32>;
+  using ThreadblockShape1 = cutlass::gemm::GemmShape<128, K1, 32>;
   using WarpShape1 = cutlass::gemm::GemmShape<32, K1, 32>;
   static constexpr bool kSmemAccumulator = false;
 };
