@@ -137,12 +137,12 @@ def _finish(result: dict, out: Path, merge: bool, print_table, plot) -> int:
 
 def bench_mlp_cmd(args) -> int:
     from .tools.bench import environment, write_json
-    from .tools.mlp_bench import BATCHES, MODELS, SYSTEMS, bench_mlp
+    from .tools.mlp_bench import BATCHES, MODELS, OPTIONAL_SYSTEMS, SYSTEMS, bench_mlp, plot_mlp
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/mlp.json")
     batches = args.batch if args.batch != RESNET_BATCHES else BATCHES
     for name in args.systems or []:
-        if name not in SYSTEMS:
-            print(f"bench mlp: unknown system {name!r}; choices: {SYSTEMS}", file=sys.stderr)
+        if name not in SYSTEMS + OPTIONAL_SYSTEMS:
+            print(f"bench mlp: unknown system {name!r}; choices: {SYSTEMS + OPTIONAL_SYSTEMS}", file=sys.stderr)
             return 2
     for name in args.models or []:
         if name not in MODELS:
@@ -152,7 +152,8 @@ def bench_mlp_cmd(args) -> int:
                        calls=args.calls or 20, reps=args.reps, latency_iters=args.latency_iters)
     result["environment"] = environment()
     write_json(out, result)
-    print(f"wrote {out}")
+    plot_mlp(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
@@ -299,7 +300,7 @@ def main(argv=None) -> int:
     b.add_argument("--size", type=int, default=224, help="cvt: image height = width (default 224)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None,
-                   help="resnet/train/cvt: subset of systems to time (names as printed; unknown names list the choices)")
+                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP streamed\", its kernel with streamed weights)")
     b.add_argument("--merge", action="store_true",
                    help="resnet/train/cvt: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--calls", type=int, default=None,

@@ -131,7 +131,7 @@ class _Kernel:
                                f"{torch.cuda.get_device_name(index)} is sm_{major}{minor}")
         self.arch = f"{major}{minor}"
         smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-        self.source, self.config = mlp_emit.emit(spec, _CUDA_DTYPES[dtype], smem)
+        self.source, self.config = mlp_emit.emit(spec, _CUDA_DTYPES[dtype], smem, resident=_resident_allowed())
         nvcc = _nvcc()
         ident = {"source_sha256": hashlib.sha256(self.source.encode()).hexdigest(), "arch": self.arch,
                  "nvcc": _nvcc_version(nvcc), "emitter": mlp_emit.EMITTER_VERSION}
@@ -149,7 +149,7 @@ class _Kernel:
         self.lib.fmlp_error.argtypes = [ctypes.c_int]
         P = ctypes.c_void_p
         self.lib.fmlp_fwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, ctypes.c_int, P]
-        self.lib.fmlp_bwd.argtypes = [ctypes.c_int, P, P, P, P, P, ctypes.c_longlong, P]
+        self.lib.fmlp_bwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, P]
         with torch.cuda.device(index):
             self._check(self.lib.fmlp_init(index), "init")
         self.load_seconds = time.perf_counter() - t0
@@ -187,8 +187,16 @@ class _Kernel:
     def info(self) -> dict:
         return {"path": str(self.path), "arch": f"sm_{self.arch}", "dtype": str(self.dtype),
                 "cache_hit": self.cache_hit, "compile_seconds": self.compile_seconds,
-                "load_seconds": self.load_seconds, "rows_per_cta": self.config.bm,
+                "load_seconds": self.load_seconds,
+                # resident weights: warps per CTA (each on its own rows_per_tile rows); 0: streamed
+                "resident_warps": self.config.resident_warps, "rows_per_tile": self.config.bm,
                 "smem_fwd": self.config.smem_fwd, "smem_bwd": self.config.smem_bwd}
+
+
+def _resident_allowed() -> bool:
+    """CUTLASS_OPS_MLP_RESIDENT=0 keeps every model on streamed weights (to compare the two);
+    read when a kernel is first built in the process."""
+    return os.environ.get("CUTLASS_OPS_MLP_RESIDENT", "1") != "0"
 
 
 _KERNELS: dict[tuple, _Kernel] = {}
@@ -197,7 +205,7 @@ _LOCK = threading.Lock()
 
 def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    k = (key, dtype, index)
+    k = (key, dtype, index, _resident_allowed())
     kern = _KERNELS.get(k)
     if kern is None:
         with _LOCK:
@@ -209,7 +217,7 @@ def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
 
 def kernel_info(key: str) -> list[dict]:
     """What each compiled kernel of ``key`` cost: cache hit, compile and load seconds, path."""
-    return [k.info() for (kk, _, _), k in _KERNELS.items() if kk == key]
+    return [k.info() for (kk, *_), k in _KERNELS.items() if kk == key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,29 +353,37 @@ def _fused_mlp_fake(x, weights, biases, key, save):
 
 
 # ---------------------------------------------------------------------------------------------
-# Backward op: dx and each layer's dz (the weight gradients are GEMMs over the batch, below)
+# Backward op: dx, each layer's dz (the weight gradients are GEMMs over the batch, below) and
+# bias gradient (float32; empty for a layer without bias)
 # ---------------------------------------------------------------------------------------------
+
+def _bias_grad_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
 
 def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
     """The backward in torch ops, any device (as _forward_math)."""
     L = len(spec.layers)
     ct = _compute_dtype(x.dtype)
     g = grad_y.to(ct)
-    dzs = [None] * L
+    dzs, dbs = [None] * L, [None] * L
     for i in reversed(range(L)):
         layer = spec.layers[i]
         z = saved[i][:, :layer.out_features].to(ct)
         dz = (g * to_torch(diff(layer.activation.tree), z)).to(x.dtype)
         dzs[i] = _pad_cols(dz, layer.out_padded)
+        dbs[i] = (dz.to(_bias_grad_dtype(x.dtype)).sum(0) if layer.bias
+                  else x.new_empty((0,), dtype=_bias_grad_dtype(x.dtype)))
         if i > 0 or need_dx:
             g = (dz.to(ct) @ weights[i].to(ct)).to(x.dtype).to(ct)
     dx = g.to(x.dtype) if need_dx else x.new_empty((0,))
-    return dx, dzs
+    return dx, dzs, dbs
 
 
 @torch.library.custom_op("cutlass_ops::fused_mlp_backward", mutates_args=())
 def _fused_mlp_backward(grad_y: torch.Tensor, x: torch.Tensor, weights: list[torch.Tensor],
-                        saved: list[torch.Tensor], key: str, need_dx: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                        saved: list[torch.Tensor], key: str,
+                        need_dx: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     spec = _spec(key)
     _check_saved(grad_y, x, saved, spec)
     return _backward_math(grad_y, x, weights, saved, spec, need_dx)
@@ -398,12 +414,19 @@ def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx):
     zs = [_aligned(t) for t in saved[:L]]
     dzs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
+    # per warp tile: the bias gradient's column sums (the kernel's partials)
+    tiles = -(-M // (16 * kern.config.mt))  # the kernels index partials by 16*MT-row warp tile
+    parts = [x.new_empty((tiles, l.out_padded), dtype=torch.float32) if l.bias else None for l in spec.layers]
     arr = ctypes.c_void_p * L
     stream = torch.cuda.current_stream(x.device).cuda_stream
     kern._check(kern.lib.fmlp_bwd(kern.device_index, grad_y.data_ptr(), dx.data_ptr() if need_dx else None,
                                   arr(*[t.data_ptr() for t in zs]), arr(*[w.data_ptr() for w in weights]),
-                                  arr(*[t.data_ptr() for t in dzs]), M, stream), "launch (backward)")
-    return dx, dzs
+                                  arr(*[t.data_ptr() for t in dzs]),
+                                  arr(*[0 if t is None else t.data_ptr() for t in parts]), M, stream),
+                "launch (backward)")
+    dbs = [x.new_empty((0,), dtype=torch.float32) if t is None else t[:, :l.out_features].sum(0)
+           for t, l in zip(parts, spec.layers)]
+    return dx, dzs, dbs
 
 
 @_fused_mlp_backward.register_fake
@@ -411,7 +434,9 @@ def _fused_mlp_backward_fake(grad_y, x, weights, saved, key, need_dx):
     spec = _spec(key)
     M = x.shape[0]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
-    return dx, [x.new_empty((M, l.out_padded)) for l in spec.layers]
+    bt = _bias_grad_dtype(x.dtype)
+    return (dx, [x.new_empty((M, l.out_padded)) for l in spec.layers],
+            [x.new_empty((l.out_features if l.bias else 0,), dtype=bt) for l in spec.layers])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +451,9 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = [b is not None for b in biases]
     ctx.saved_forward = bool(save)
     ctx.save_for_backward(x, *weights, *saved)
+    # the saved intermediates are outputs nobody differentiates: without this, autograd fills a
+    # zero gradient for each (2L - 1 tensors the size of the activations: 0.7 ms at 2^21 rows)
+    ctx.set_materialize_grads(False)
 
 
 def _weight_grad(dz: torch.Tensor, a_prev: torch.Tensor) -> torch.Tensor:
@@ -449,14 +477,16 @@ def _backward(ctx, grad_y, grad_saved):
     L = ctx.n_layers
     x, weights, saved = ctx.saved_tensors[0], ctx.saved_tensors[1:1 + L], ctx.saved_tensors[1 + L:]
     need_dx = ctx.needs_input_grad[0]
-    dx, dzs = torch.ops.cutlass_ops.fused_mlp_backward(grad_y.contiguous(), x, list(weights), list(saved),
-                                                       ctx.key, need_dx)
+    if grad_y is None:  # y unused (set_materialize_grads(False) above)
+        grad_y = x.new_zeros((x.shape[0], spec.out_features))
+    dx, dzs, dbs = torch.ops.cutlass_ops.fused_mlp_backward(grad_y.contiguous(), x, list(weights), list(saved),
+                                                            ctx.key, need_dx)
     gw, gb = [], []
     for i, layer in enumerate(spec.layers):
         dz = dzs[i][:, :layer.out_features]
         a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
         gw.append(_weight_grad(dz, a_prev))
-        gb.append(dz.sum(0) if ctx.has_bias[i] else None)
+        gb.append(dbs[i].to(x.dtype) if ctx.has_bias[i] else None)
     # a list of Nones is one pytree leaf to autograd's input spec: its gradient is one None
     return (dx if need_dx else None), gw, (gb if any(ctx.has_bias) else None), None, None
 

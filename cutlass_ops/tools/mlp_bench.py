@@ -10,7 +10,9 @@ are bench.py's.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
 import time
 
@@ -48,6 +50,37 @@ MODELS = {
 }
 BATCHES = [2 ** 14, 2 ** 18, 2 ** 21]
 SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
+OPTIONAL_SYSTEMS = ["FusedMLP streamed"]
+
+
+@contextlib.contextmanager
+def _env(name, value):
+    """Sets (value) or unsets (None) an environment variable for the block."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+class _WithEnv(nn.Module):
+    """Runs ``module`` with an environment variable set (FusedMLP picks its kernel per call by
+    CUTLASS_OPS_MLP_RESIDENT)."""
+
+    def __init__(self, module, name, value):
+        super().__init__()
+        self.module, self.name, self.value = module, name, value
+
+    def forward(self, x):
+        with _env(self.name, self.value):
+            return self.module(x)
 
 
 def _flops(model, rows, backward):
@@ -76,9 +109,15 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                     t0 = time.perf_counter()
                     extra, fn = {}, None
                     try:
-                        if system == "FusedMLP":
+                        if system.startswith("FusedMLP"):
+                            # "FusedMLP streamed": the kernel with streamed weights where the default
+                            # keeps them resident in shared memory (mlp_emit), for comparison
+                            streamed = system == "FusedMLP streamed"
                             module = FusedMLP.from_module(ref)
-                            extra = module.compile_kernel(dtype, "cuda")
+                            with _env("CUTLASS_OPS_MLP_RESIDENT", "0" if streamed else None):
+                                extra = module.compile_kernel(dtype, "cuda")
+                            if streamed:
+                                module = _WithEnv(module, "CUTLASS_OPS_MLP_RESIDENT", "0")
                         elif system == "eager":
                             module = ref
                         else:
@@ -104,9 +143,10 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                         r = {"setup_s": setup, "throughput_ms": tp, "latency_ms": lat,
                              "tflops": row["gflop"] / tp if tp > 0 else math.nan}  # GFLOP per ms
                         r.update(device_time(fn))
-                        if system == "FusedMLP":
+                        if system.startswith("FusedMLP"):
                             r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
-                                     cache_hit=extra.get("cache_hit"), rows_per_cta=extra.get("rows_per_cta"))
+                                     cache_hit=extra.get("cache_hit"), resident_warps=extra.get("resident_warps"),
+                                     rows_per_tile=extra.get("rows_per_tile"))
                     except Exception as e:  # noqa: BLE001 - reported, the others still run
                         r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
                     row["systems"][system] = r
@@ -127,3 +167,31 @@ def format_row(row: dict) -> str:
             parts.append(f"{name}: {r['throughput_ms']:.4f} / {r['latency_ms']:.4f} / {r['device_ms']:.4f} ms "
                          f"({r['tflops']:.1f} TFLOP/s)")
     return "  ".join(parts)
+
+
+def plot_mlp(result: dict, path) -> None:
+    """Bars per (model, mode, rows): throughput and latency (ms) of every system, ours in green."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows) + 1, 5), squeeze=False)
+    width = 0.4
+    for ax, row in zip(axes[0], rows):
+        systems = [s for s, r in row["systems"].items() if "error" not in r]
+        for j, (metric, hatch, label) in enumerate((("throughput_ms", "", "throughput"),
+                                                    ("latency_ms", "//", "latency"))):
+            ax.bar([i + (j - 0.5) * width for i in range(len(systems))],
+                   [row["systems"][s][metric] for s in systems], width, hatch=hatch, label=label,
+                   color=["tab:green" if s.startswith("FusedMLP") else "tab:gray" for s in systems],
+                   edgecolor="black", linewidth=0.3)
+        ax.set_xticks(range(len(systems)), [s.replace("torch.compile ", "compile ") for s in systems],
+                      rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{row['model']}\n{row['mode']}, {row['rows']} rows", fontsize=8)
+        ax.set_ylabel("ms per call")
+        ax.legend(fontsize=7)
+    env = result.get("environment", {})
+    fig.suptitle(f"bench mlp, {row['dtype']}: {env.get('gpu', '?')}, torch {env.get('torch', '?')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -10,7 +10,13 @@ and one dtype (float16 or bfloat16):
   and each hidden layer's activation ``a`` to global memory, for the backward pass.
 - ``bwd_kernel``: the input-gradient chain, also one kernel: per layer (last first)
   ``dz = g * act'(z)`` (written to global memory: the weight gradients are GEMMs over the batch,
-  which the Python side runs) and ``g = dz . W`` in shared memory; ``dx`` at the end.
+  which the Python side runs; the bias gradient's column sums per warp tile are written as
+  float32 partials) and ``g = dz . W`` in shared memory; ``dx`` at the end.
+- Two shapes of both kernels (``Config.resident_warps``): where every layer's weight fits in
+  shared memory beside the warps' activation tiles, the weights are loaded once per CTA and stay
+  (``fwd_layer_resident``): CTAs of 4-16 warps, as many as fit on the GPU, each warp taking 32-row tiles from a
+  grid-stride loop with no block barrier after the weight load.  Otherwise (wide models) the
+  weight streams through shared memory chunk by chunk for each 128-row CTA (``fwd_layer``).
 - ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``)
   that the Python side calls through ctypes, with the CUDA stream to launch on.
 
@@ -31,7 +37,7 @@ from .mlp import MlpSpec, padded
 THREADS = 128
 WARPS = 4
 KERNEL_HEADER = Path(__file__).with_name("mlp_kernel.cuh")
-EMITTER_VERSION = 1  # bump when the emitted code changes in a way the header text does not show
+EMITTER_VERSION = 2  # bump when the emitted code changes in a way the header text does not show
 
 CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
@@ -51,17 +57,48 @@ class Config:
     jg_bwd: int      # rows of the backward weight chunk buffer
     smem_fwd: int    # dynamic shared memory, bytes
     smem_bwd: int
+    resident_warps: int = 0   # > 0: weights resident in shared memory, this many warps per CTA
+    resident: tuple = ()      # per layer (offset, rows, row stride) of its weight, in elements
 
     @property
     def bm(self) -> int:
-        return 16 * self.mt * WARPS
+        """Rows per CTA (streamed) or per warp tile (resident)."""
+        return 16 * self.mt * (1 if self.resident_warps else WARPS)
 
 
-def choose_config(spec: MlpSpec, smem_limit: int) -> Config:
-    """The largest row tile and weight chunk whose shared memory fits ``smem_limit`` bytes
-    (a GPU's opt-in per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89)."""
+RESIDENT_WARPS = (16, 12, 8, 4)
+RESIDENT_MT = 2  # 32-row warp tiles
+
+
+def resident_layout(spec: MlpSpec, nc: int) -> tuple[tuple, int]:
+    """Per layer (offset, rows, row stride) of its whole weight in shared memory, and the total
+    (elements).  The rows and columns cover what the forward's and the backward's column chunks
+    of ``nc`` read (zero-filled past the weight), and rows are 16-byte aligned with 8 columns of
+    skew (conflict-free ldmatrix)."""
+    layout, total = [], 0
+    for l in spec.layers:
+        n_pad, k_pad = l.out_padded, l.in_padded
+        ncl_f = min(nc, n_pad)
+        ncl_b = min(nc, k_pad)
+        rows = max(-(-n_pad // ncl_f) * ncl_f, pad16(n_pad))
+        cols = max(pad16(l.in_features), -(-k_pad // ncl_b) * ncl_b)
+        layout.append((total, rows, cols + 8))
+        total += rows * (cols + 8)
+    return tuple(layout), total
+
+
+def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True) -> Config:
+    """Resident weights with the most warps that fit ``smem_limit`` bytes (a GPU's opt-in
+    per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89), at least 4; else (or
+    with ``resident=False``) streamed weights with the largest row tile and weight chunk that fit."""
     widths = [spec.in_features] + [l.out_features for l in spec.layers]
     sa = pad16(max(padded(w) for w in widths)) + 8
+    if resident:
+        layout, total = resident_layout(spec, 64)
+        for warps in RESIDENT_WARPS:
+            smem = 2 * (total + warps * 2 * 16 * RESIDENT_MT * sa)
+            if smem <= smem_limit:
+                return Config(RESIDENT_MT, 64, sa, 0, 0, 0, 0, smem, smem, warps, layout)
     kmax = max(pad16(l.in_padded) for l in spec.layers)
     nmax = max(l.out_padded for l in spec.layers)
     kpmax = max(l.in_padded for l in spec.layers)
@@ -86,28 +123,11 @@ def _act_struct(i: int, layer) -> str:
             f"}};\n")
 
 
-def emit(spec: MlpSpec, dtype: str, smem_limit: int) -> tuple[str, Config]:
-    """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config."""
-    if dtype not in CTYPES:
-        raise ValueError(f"FusedMLP kernels exist for float16 and bfloat16, not {dtype}")
-    cfg = choose_config(spec, smem_limit)
-    layers = spec.layers
-    L = len(layers)
+def _streamed_kernels(spec: MlpSpec, cfg: Config) -> str:
+    """fwd_kernel<SAVE> and bwd_kernel with streamed weights: one CTA of 4 warps per BM rows."""
+    layers, L = spec.layers, len(spec.layers)
     k0, nl = spec.in_features, spec.out_features
-    out = [f"// FusedMLP kernel generated by cutlass_ops_gen.mlp_emit (version {EMITTER_VERSION})\n"
-           f"// structure: {spec.structure_key()}\n// dtype: {dtype}\n",
-           KERNEL_HEADER.read_text(),
-           "\nnamespace fmlp_model {\n",
-           f"typedef {CTYPES[dtype]} T;\n"]
-    out += [_act_struct(i, l) for i, l in enumerate(layers)]
-    out.append(f"""
-constexpr int L = {L}, MT = {cfg.mt}, BM = {cfg.bm}, NC = {cfg.nc}, SA = {cfg.sa};
-constexpr int SWF = {cfg.sw_fwd}, NCF = {cfg.nc_fwd}, SWB = {cfg.sw_bwd}, JGB = {cfg.jg_bwd};
-constexpr int SMEM_FWD = {cfg.smem_fwd}, SMEM_BWD = {cfg.smem_bwd};
-
-struct FwdParams {{ const T* x; T* y; const T* w[L]; const T* b[L]; T* z[L]; T* a[L]; long long M; }};
-struct BwdParams {{ const T* dy; T* dx; const T* z[L]; const T* w[L]; T* dz[L]; long long M; }};
-
+    out = [f"""
 template <bool SAVE>
 __global__ void __launch_bounds__(FMLP_THREADS) fwd_kernel(const FwdParams p) {{
   extern __shared__ __align__(16) unsigned char smem[];
@@ -120,7 +140,7 @@ __global__ void __launch_bounds__(FMLP_THREADS) fwd_kernel(const FwdParams p) {{
   T* a0 = act0 + warp * 16 * MT * SA;
   T* a1 = act1 + warp * 16 * MT * SA;
   fmlp::load_rows<T, BM, {k0}, fmlp::pad16(fmlp::pad8({k0})), SA>(act0, p.x, row0, p.M);
-""")
+"""]
     for i, l in enumerate(layers):
         src, dst = ("a0", "a1") if i % 2 == 0 else ("a1", "a0")
         out.append(
@@ -149,6 +169,8 @@ __global__ void __launch_bounds__(FMLP_THREADS) bwd_kernel(const BwdParams p) {{
     for i in reversed(range(L)):
         l = layers[i]
         out.append(f"  fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA>({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
+        if l.bias:
+            out.append(f"  fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
         gemm = (f"fmlp::bwd_gemm<T, {l.in_features}, {l.out_features}, MT, NC, SA, SWB>({cur}, {nxt}, wb0, wb1, "
                 f"p.w[{i}]);")
         if i > 0:
@@ -158,8 +180,105 @@ __global__ void __launch_bounds__(FMLP_THREADS) bwd_kernel(const BwdParams p) {{
             out.append(f"  if (p.dx != nullptr) {{\n    {gemm}\n    __syncthreads();\n"
                        f"    fmlp::store_rows<T, BM, {k0}, SA>(p.dx, {gbuf}, row0, p.M);\n  }}\n")
         cur, nxt = nxt, cur
-    out.append(f"""}}
+    out.append("}\n")
+    return "".join(out)
 
+
+def _resident_kernels(spec: MlpSpec, cfg: Config) -> str:
+    """fwd_kernel<SAVE> and bwd_kernel with resident weights: every layer's weight loaded once per
+    CTA (RESIDENT_WARPS warps; as many CTAs as fit on the GPU), then each warp runs BM-row tiles of a grid-stride
+    loop on its own, between its two activation tiles."""
+    layers, L = spec.layers, len(spec.layers)
+    k0, nl = spec.in_features, spec.out_features
+    total = sum(rows * stride for _, rows, stride in cfg.resident)
+    load = []
+    for i, (l, (off, rows, stride)) in enumerate(zip(layers, cfg.resident)):
+        load.append(f"  fmlp::load_w_resident<T, {l.in_features}, {l.out_features}, {rows}, {stride - 8}, {stride}, "
+                    f"THREADS>(wres + {off}, p.w[{i}]);\n")
+    head = f"""  extern __shared__ __align__(16) unsigned char smem[];
+  T* wres = reinterpret_cast<T*>(smem);
+{"".join(load)}  fmlp::cp_commit();
+  fmlp::cp_wait<0>();
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  T* t0 = wres + {total} + warp * 2 * BM * SA;
+  T* t1 = t0 + BM * SA;
+  const int64_t tiles = (p.M + BM - 1) / BM;
+#pragma unroll 1
+  for (int64_t t = (int64_t)blockIdx.x * RESIDENT_WARPS + warp; t < tiles; t += (int64_t)gridDim.x * RESIDENT_WARPS) {{
+    const int64_t wrow0 = t * BM;
+"""
+    out = [f"""
+template <bool SAVE>
+__global__ void __launch_bounds__(THREADS, 1) fwd_kernel(const FwdParams p) {{
+{head}    fmlp::load_rows<T, BM, {k0}, fmlp::pad16(fmlp::pad8({k0})), SA, 32>(t0, p.x, wrow0, p.M, lane);
+    __syncwarp();
+"""]
+    for i, (l, (off, rows, stride)) in enumerate(zip(layers, cfg.resident)):
+        src, dst = ("t0", "t1") if i % 2 == 0 else ("t1", "t0")
+        out.append(
+            f"    fmlp::fwd_layer_resident<T, Act{i}, {l.in_features}, {l.out_features}, {str(l.bias).lower()}, "
+            f"SAVE, {str(i < L - 1).lower()}, MT, NC, SA, {stride}>({src}, {dst}, wres + {off}, p.b[{i}], p.z[{i}], "
+            f"p.a[{i}], wrow0, p.M);\n")
+    last = "t1" if L % 2 == 1 else "t0"
+    out.append(f"""    fmlp::store_rows<T, BM, {nl}, SA, 32>(p.y, {last}, wrow0, p.M, lane);
+    __syncwarp();
+  }}
+}}
+
+__global__ void __launch_bounds__(THREADS, 1) bwd_kernel(const BwdParams p) {{
+{head}    fmlp::load_rows<T, BM, {nl}, fmlp::pad16(fmlp::pad8({nl})), SA, 32>(t0, p.dy, wrow0, p.M, lane);
+    __syncwarp();
+""")
+    cur, nxt = "t0", "t1"
+    for i in reversed(range(L)):
+        l = layers[i]
+        off, rows, stride = cfg.resident[i]
+        out.append(f"    fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA>({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
+        if l.bias:
+            out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
+        gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
+                f"wres + {off});")
+        if i > 0:
+            out.append(f"    {gemm}\n")
+        else:
+            out.append(f"    if (p.dx != nullptr) {{\n      {gemm}\n"
+                       f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
+        cur, nxt = nxt, cur
+    out.append("""    __syncwarp();
+  }
+}
+""")
+    return "".join(out)
+
+
+def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True) -> tuple[str, Config]:
+    """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config
+    (``resident=False``: streamed weights even where they would fit)."""
+    if dtype not in CTYPES:
+        raise ValueError(f"FusedMLP kernels exist for float16 and bfloat16, not {dtype}")
+    cfg = choose_config(spec, smem_limit, resident)
+    layers = spec.layers
+    L = len(layers)
+    k0, nl = spec.in_features, spec.out_features
+    out = [f"// FusedMLP kernel generated by cutlass_ops_gen.mlp_emit (version {EMITTER_VERSION})\n"
+           f"// structure: {spec.structure_key()}\n// dtype: {dtype}\n",
+           KERNEL_HEADER.read_text(),
+           "\nnamespace fmlp_model {\n",
+           f"typedef {CTYPES[dtype]} T;\n"]
+    out += [_act_struct(i, l) for i, l in enumerate(layers)]
+    out.append(f"""
+constexpr int L = {L}, MT = {cfg.mt}, BM = {cfg.bm}, NC = {cfg.nc}, SA = {cfg.sa};
+constexpr int SWF = {cfg.sw_fwd}, NCF = {cfg.nc_fwd}, SWB = {cfg.sw_bwd}, JGB = {cfg.jg_bwd};
+constexpr int SMEM_FWD = {cfg.smem_fwd}, SMEM_BWD = {cfg.smem_bwd};
+constexpr int RESIDENT_WARPS = {cfg.resident_warps};
+constexpr int THREADS = RESIDENT_WARPS ? RESIDENT_WARPS * 32 : FMLP_THREADS;
+
+struct FwdParams {{ const T* x; T* y; const T* w[L]; const T* b[L]; T* z[L]; T* a[L]; long long M; }};
+struct BwdParams {{ const T* dy; T* dx; const T* z[L]; const T* w[L]; T* dz[L]; float* db[L]; long long M; }};
+""")
+    out.append(_resident_kernels(spec, cfg) if cfg.resident_warps else _streamed_kernels(spec, cfg))
+    out.append(f"""
 }}  // namespace fmlp_model
 
 using namespace fmlp_model;
@@ -184,6 +303,25 @@ extern "C" int fmlp_init(int device) {{
 
 extern "C" const char* fmlp_error(int e) {{ return cudaGetErrorString((cudaError_t)e); }}
 
+// Streamed: one CTA per BM rows.  Resident: as many CTAs as fit on the GPU at once (the
+// weight load is per CTA), or fewer where the warps' BM-row tiles are fewer.
+template <class Kernel>
+static int grid_size(Kernel kernel, int smem, int device, long long M, unsigned* grid) {{
+  const long long tiles = (M + BM - 1) / BM;
+  if (!RESIDENT_WARPS) {{
+    *grid = (unsigned)tiles;
+    return 0;
+  }}
+  int sms = 0, per_sm = 0;
+  int e = (int)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e) return e;
+  e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
+  if (e) return e;
+  const long long ctas = (tiles + RESIDENT_WARPS - 1) / RESIDENT_WARPS, most = (long long)sms * (per_sm > 0 ? per_sm : 1);
+  *grid = (unsigned)(ctas < most ? ctas : most);
+  return 0;
+}}
+
 extern "C" int fmlp_fwd(int device, const void* x, void* y, const void* const* w, const void* const* b,
                         void* const* z, void* const* a, long long M, int save, void* stream) {{
   if (M <= 0) return 0;
@@ -199,16 +337,20 @@ extern "C" int fmlp_fwd(int device, const void* x, void* y, const void* const* w
     p.z[i] = save ? static_cast<T*>(z[i]) : nullptr;
     p.a[i] = save ? static_cast<T*>(a[i]) : nullptr;
   }}
-  const dim3 grid((unsigned)((M + BM - 1) / BM));
+  unsigned grid = 0;
+  e = save ? grid_size(fwd_kernel<true>, SMEM_FWD, device, M, &grid) : grid_size(fwd_kernel<false>, SMEM_FWD, device, M, &grid);
+  if (e) return e;
   if (save)
-    fwd_kernel<true><<<grid, FMLP_THREADS, SMEM_FWD, static_cast<cudaStream_t>(stream)>>>(p);
+    fwd_kernel<true><<<grid, THREADS, SMEM_FWD, static_cast<cudaStream_t>(stream)>>>(p);
   else
-    fwd_kernel<false><<<grid, FMLP_THREADS, SMEM_FWD, static_cast<cudaStream_t>(stream)>>>(p);
+    fwd_kernel<false><<<grid, THREADS, SMEM_FWD, static_cast<cudaStream_t>(stream)>>>(p);
   return (int)cudaGetLastError();
 }}
 
+// db[i]: (tiles, pad8(N_i)) float32 for a layer with bias (tiles = ceil(M / (16 * MT))), each
+// warp tile's column sums of dz; null for a layer without.
 extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const* z, const void* const* w,
-                        void* const* dz, long long M, void* stream) {{
+                        void* const* dz, void* const* db, long long M, void* stream) {{
   if (M <= 0) return 0;
   int e = ensure_device(device);
   if (e) return e;
@@ -220,9 +362,12 @@ extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const*
     p.z[i] = static_cast<const T*>(z[i]);
     p.w[i] = static_cast<const T*>(w[i]);
     p.dz[i] = static_cast<T*>(dz[i]);
+    p.db[i] = static_cast<float*>(db[i]);
   }}
-  const dim3 grid((unsigned)((M + BM - 1) / BM));
-  bwd_kernel<<<grid, FMLP_THREADS, SMEM_BWD, static_cast<cudaStream_t>(stream)>>>(p);
+  unsigned grid = 0;
+  e = grid_size(bwd_kernel, SMEM_BWD, device, M, &grid);
+  if (e) return e;
+  bwd_kernel<<<grid, THREADS, SMEM_BWD, static_cast<cudaStream_t>(stream)>>>(p);
   return (int)cudaGetLastError();
 }}
 """)

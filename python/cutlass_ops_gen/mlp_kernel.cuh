@@ -4,11 +4,17 @@
 // inline PTX (ldmatrix + mma.sync.m16n8k16, fp32 accumulators; sm_80 and newer, sm_90 included),
 // so a model compiles in seconds.
 //
-// One CTA of FMLP_THREADS threads (4 warps) owns BM = 64 * MT rows; warp w owns rows
-// [16*MT*w, 16*MT*(w+1)).  Activations live in shared memory (two buffers, one layer's input and
-// its output), each warp reading and writing only its own rows, so between layers a warp needs no
-// block barrier.  A layer's weight streams through shared memory in chunks of NC output columns
-// (double-buffered cp.async), which all warps share.  Widths are padded to multiples of 8 (the
+// Two kernel shapes share these pieces (mlp_emit.py picks one per model):
+// - streamed weights: one CTA of FMLP_THREADS threads (4 warps) owns BM = 64 * MT rows; warp w
+//   owns rows [16*MT*w, 16*MT*(w+1)).  A layer's weight streams through shared memory in chunks
+//   of NC output columns (double-buffered cp.async), which all warps share (block barriers).
+// - resident weights, where every layer's weight fits beside the warps' tiles: each CTA (4-16
+//   warps, as many CTAs as fit on the GPU) loads all weights once; each warp then runs 16*MT-row
+//   tiles of a grid-stride loop on its own, with no block barrier (fwd_layer_resident,
+//   bwd_gemm_resident).
+// Activations live in shared memory (two buffers, one layer's input and its output), each warp
+// reading and writing only its own rows, so between layers a warp needs no block barrier.
+// Widths are padded to multiples of 8 (the
 // spec's padding) and, as a GEMM reduction length, to multiples of 16: padded weight rows and
 // columns are zero-filled while loading, padded activation columns are written as zeros.
 #include <cuda_bf16.h>
@@ -105,13 +111,16 @@ template <class T> __device__ __forceinline__ T zero() { return Traits<T>::from_
 // ---------------------------------------------------------------------------------------------
 
 // rows [row0, row0 + BM) x columns [0, COLS) of a row-major (M x COLS) global matrix into a
-// shared tile of stride S, columns [COLS, CG) zero, rows >= M zero.  Vector loads need COLS % 8
-// == 0 and a 16-byte aligned base (the host side guarantees it).
-template <class T, int BM, int COLS, int CG, int S>
-__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int64_t row0, int64_t M) {
+// shared tile of stride S, columns [COLS, CG) zero, rows >= M zero, by NT threads (`tid` of them:
+// the CTA, or one warp's lanes).  Vector loads need COLS % 8 == 0 and a 16-byte aligned base (the
+// host side guarantees it).
+template <class T, int BM, int COLS, int CG, int S, int NT = FMLP_THREADS>
+__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int64_t row0, int64_t M,
+                                          int tid = -1) {
+  if (tid < 0) tid = threadIdx.x;
   if constexpr (COLS % 8 == 0) {
     constexpr int V = CG / 8;
-    for (int i = threadIdx.x; i < BM * V; i += FMLP_THREADS) {
+    for (int i = tid; i < BM * V; i += NT) {
       const int r = i / V, c = (i % V) * 8;
       const int64_t g = row0 + r;
       uint4* d = reinterpret_cast<uint4*>(dst + r * S + c);
@@ -121,7 +130,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int
         *d = make_uint4(0, 0, 0, 0);
     }
   } else {
-    for (int i = threadIdx.x; i < BM * CG; i += FMLP_THREADS) {
+    for (int i = tid; i < BM * CG; i += NT) {
       const int r = i / CG, c = i % CG;
       const int64_t g = row0 + r;
       dst[r * S + c] = (g < M && c < COLS) ? src[g * COLS + c] : zero<T>();
@@ -129,18 +138,21 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int
   }
 }
 
-// the shared tile's rows [0, min(BM, M - row0)) x columns [0, COLS) to global (row stride COLS)
-template <class T, int BM, int COLS, int S>
-__device__ __forceinline__ void store_rows(T* __restrict__ dst, const T* src, int64_t row0, int64_t M) {
+// the shared tile's rows [0, min(BM, M - row0)) x columns [0, COLS) to global (row stride COLS),
+// by NT threads as load_rows
+template <class T, int BM, int COLS, int S, int NT = FMLP_THREADS>
+__device__ __forceinline__ void store_rows(T* __restrict__ dst, const T* src, int64_t row0, int64_t M,
+                                           int tid = -1) {
+  if (tid < 0) tid = threadIdx.x;
   if constexpr (COLS % 8 == 0) {
     constexpr int V = COLS / 8;
-    for (int i = threadIdx.x; i < BM * V; i += FMLP_THREADS) {
+    for (int i = tid; i < BM * V; i += NT) {
       const int r = i / V, c = (i % V) * 8;
       const int64_t g = row0 + r;
       if (g < M) *reinterpret_cast<uint4*>(dst + g * COLS + c) = *reinterpret_cast<const uint4*>(src + r * S + c);
     }
   } else {
-    for (int i = threadIdx.x; i < BM * COLS; i += FMLP_THREADS) {
+    for (int i = tid; i < BM * COLS; i += NT) {
       const int r = i / COLS, c = i % COLS;
       const int64_t g = row0 + r;
       if (g < M) dst[g * COLS + c] = src[r * S + c];
@@ -188,6 +200,30 @@ __device__ __forceinline__ void load_w_kn(T* ws, const T* __restrict__ W, int i0
     for (int i = threadIdx.x; i < JG * NC; i += FMLP_THREADS) {
       const int j = i / NC, c = i % NC;
       ws[j * SW + c] = (j < N && i0 + c < K) ? W[(int64_t)j * K + i0 + c] : zero<T>();
+    }
+  }
+}
+
+// Resident weight: W (N x K, row-major) whole into ws (R rows, row stride SW): ws[n][k] = W[n][k]
+// for n < N, k < K, zero for the rest of R rows x CW columns (the chunks of the forward and the
+// backward GEMMs read up to there), by all NT threads of the CTA.
+template <class T, int K, int N, int R, int CW, int SW, int NT>
+__device__ __forceinline__ void load_w_resident(T* ws, const T* __restrict__ W) {
+  static_assert(CW % 8 == 0 && SW >= CW && R >= N, "resident weight tile");
+  if constexpr (K % 8 == 0) {
+    constexpr int V = CW / 8;
+    for (int i = threadIdx.x; i < R * V; i += NT) {
+      const int n = i / V, k = (i % V) * 8;
+      T* d = ws + n * SW + k;
+      if (n < N && k < K)
+        cp_async16(d, W + (int64_t)n * K + k);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int i = threadIdx.x; i < R * CW; i += NT) {
+      const int n = i / CW, k = i % CW;
+      ws[n * SW + k] = (n < N && k < K) ? W[(int64_t)n * K + k] : zero<T>();
     }
   }
 }
@@ -253,12 +289,85 @@ __device__ __forceinline__ void zero_cols(T* buf) {
 // row.  SAVE: also write the pre-activation z and (when A_OUT) the activation to global
 // (row-major, row stride pad8(N)), rows < M.
 // ---------------------------------------------------------------------------------------------
+
+// The epilogue of one column chunk, columns [n0, n0 + 8 * ntiles) of the warp's rows, into its
+// out tile: z = acc + b (Z) or act(z).
+template <class T, class Act, int N, bool BIAS, bool Z, int MT, int NCL, int SA>
+__device__ __forceinline__ void fwd_epilogue(float (&acc)[MT][NCL / 8][4], T* out, const T* __restrict__ bias,
+                                             int n0, int ntiles) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < NCL / 8; ++j) {
+    if (j < ntiles) {
+      const int col = n0 + j * 8 + 2 * (lane & 3);
+      float b0 = 0.0f, b1 = 0.0f;
+      if constexpr (BIAS) {
+        if (col < N) b0 = Traits<T>::to_float(bias[col]);
+        if (col + 1 < N) b1 = Traits<T>::to_float(bias[col + 1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = mt * 16 + (lane >> 2) + h * 8;
+          const float z0 = acc[mt][j][2 * h] + b0, z1 = acc[mt][j][2 * h + 1] + b1;
+          uint32_t v;
+          if constexpr (Z)
+            v = Traits<T>::pack(z0, z1);
+          else
+            v = Traits<T>::pack(col < N ? Act::f(z0) : 0.0f, col + 1 < N ? Act::f(z1) : 0.0f);
+          *reinterpret_cast<uint32_t*>(out + r * SA + col) = v;
+        }
+    }
+  }
+}
+
+// Columns [c0, c0 + ncols) (ncols % 8 == 0) of the warp's ROWS-row tile (stride S) to global
+// rows row0.. (row stride LD, 16-byte aligned), rows < M: whole 16-byte vectors, so the saved
+// tensors are written in full sectors (the epilogue's fragments would write 4-byte pieces of 8
+// rows at a time: 20x slower on an H100).
+template <class T, int ROWS, int S, int LD>
+__device__ __forceinline__ void warp_store_cols(T* __restrict__ dst, const T* src, int c0, int ncols, int64_t row0,
+                                                int64_t M) {
+  const int lane = threadIdx.x & 31;
+  const int v = ncols / 8;
+  for (int i = lane; i < ROWS * v; i += 32) {
+    const int r = i / v, c = c0 + (i % v) * 8;
+    const int64_t g = row0 + r;
+    if (g < M) *reinterpret_cast<uint4*>(dst + g * LD + c) = *reinterpret_cast<const uint4*>(src + r * S + c);
+  }
+}
+
+// One column chunk's output.  SAVE: z passes through the out tile first (then written to global
+// whole), and act(z) replaces it.
+template <class T, class Act, int N, bool BIAS, bool SAVE, int MT, int NCL, int SA>
+__device__ __forceinline__ void fwd_chunk(float (&acc)[MT][NCL / 8][4], T* out, const T* __restrict__ bias,
+                                          T* __restrict__ zsave, int n0, int ntiles, int64_t wrow0, int64_t M) {
+  if constexpr (SAVE) {
+    fwd_epilogue<T, Act, N, BIAS, true, MT, NCL, SA>(acc, out, bias, n0, ntiles);
+    __syncwarp();
+    warp_store_cols<T, 16 * MT, SA, pad8(N)>(zsave, out, n0, 8 * ntiles, wrow0, M);
+    __syncwarp();
+  }
+  fwd_epilogue<T, Act, N, BIAS, false, MT, NCL, SA>(acc, out, bias, n0, ntiles);
+}
+
+// After a layer: its activation (the warp's out tile, padded columns zero) to global.
+template <class T, int N, bool SAVE, bool A_OUT, int MT, int SA>
+__device__ __forceinline__ void fwd_save_activation(T* __restrict__ asave, const T* out, int64_t wrow0, int64_t M) {
+  if constexpr (SAVE && A_OUT) {
+    warp_store_cols<T, 16 * MT, SA, pad8(N)>(asave, out, 0, pad8(N), wrow0, M);
+    __syncwarp();
+  }
+}
+
+// Streamed weight: the CTA's warps load each chunk of W together (double-buffered cp.async,
+// block barriers); any model size.
 template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool A_OUT, int MT, int NC, int SA, int SW>
 __device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, const T* __restrict__ W,
                                           const T* __restrict__ bias, T* __restrict__ zsave,
                                           T* __restrict__ asave, int64_t wrow0, int64_t M) {
   constexpr int KG = pad16(K), NP = pad8(N), NCL = cmin(NC, NP), NCH = (NP + NCL - 1) / NCL;
-  const int lane = threadIdx.x & 31;
   load_w_nk<T, K, KG, N, NCL, SW>(wb0, W, 0);
   cp_commit();
 #pragma unroll 1
@@ -276,38 +385,32 @@ __device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, c
     const int ntiles = cmin(NCL, NP - n0) / 8;
     float acc[MT][NCL / 8][4];
     warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, cur, ntiles);
-#pragma unroll
-    for (int j = 0; j < NCL / 8; ++j) {
-      if (j < ntiles) {
-        const int col = n0 + j * 8 + 2 * (lane & 3);
-        float b0 = 0.0f, b1 = 0.0f;
-        if constexpr (BIAS) {
-          if (col < N) b0 = Traits<T>::to_float(bias[col]);
-          if (col + 1 < N) b1 = Traits<T>::to_float(bias[col + 1]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = mt * 16 + (lane >> 2) + h * 8;
-            const float z0 = acc[mt][j][2 * h] + b0, z1 = acc[mt][j][2 * h + 1] + b1;
-            const float a0 = col < N ? Act::f(z0) : 0.0f, a1 = col + 1 < N ? Act::f(z1) : 0.0f;
-            const uint32_t ap = Traits<T>::pack(a0, a1);
-            *reinterpret_cast<uint32_t*>(out + r * SA + col) = ap;
-            if constexpr (SAVE) {
-              const int64_t g = wrow0 + r;
-              if (g < M) {
-                *reinterpret_cast<uint32_t*>(zsave + g * NP + col) = Traits<T>::pack(z0, z1);
-                if constexpr (A_OUT) *reinterpret_cast<uint32_t*>(asave + g * NP + col) = ap;
-              }
-            }
-          }
-      }
-    }
+    fwd_chunk<T, Act, N, BIAS, SAVE, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
     __syncthreads();
   }
   zero_cols<T, MT, NP, pad16(NP), SA>(out);
   __syncwarp();
+  fwd_save_activation<T, N, SAVE, A_OUT, MT, SA>(asave, out, wrow0, M);
+}
+
+// Resident weight: ws holds the whole W (load_w_resident), so the warp runs on its own: no
+// barrier, no copy.
+template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool A_OUT, int MT, int NC, int SA, int SW>
+__device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T* ws, const T* __restrict__ bias,
+                                                   T* __restrict__ zsave, T* __restrict__ asave, int64_t wrow0,
+                                                   int64_t M) {
+  constexpr int KG = pad16(K), NP = pad8(N), NCL = cmin(NC, NP), NCH = (NP + NCL - 1) / NCL;
+#pragma unroll 1
+  for (int c = 0; c < NCH; ++c) {
+    const int n0 = c * NCL;
+    const int ntiles = cmin(NCL, NP - n0) / 8;
+    float acc[MT][NCL / 8][4];
+    warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, ws + n0 * SW, ntiles);
+    fwd_chunk<T, Act, N, BIAS, SAVE, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
+  }
+  zero_cols<T, MT, NP, pad16(NP), SA>(out);
+  __syncwarp();
+  fwd_save_activation<T, N, SAVE, A_OUT, MT, SA>(asave, out, wrow0, M);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -346,12 +449,50 @@ __device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __rest
   __syncwarp();
 }
 
+// The bias gradient's share of the warp's tile: column sums of dz (in g, rows >= M zero) over its
+// 16*MT rows, in float32, into part[tile][c] (tile = the tile's index, row stride pad8(N); tiles
+// = ceil(M / (16*MT)): a streamed CTA's warps past M write nothing); the host sums the tiles.
+// Lanes read consecutive columns of one row: no bank conflict.
+template <class T, int N, int MT, int SG>
+__device__ __forceinline__ void bwd_bias_partial(const T* g, float* __restrict__ part, int64_t wrow0, int64_t M) {
+  constexpr int NP = pad8(N);
+  const int lane = threadIdx.x & 31;
+  if (wrow0 >= M) return;
+  const int64_t tile = wrow0 / (16 * MT);
+  for (int c = lane; c < NP; c += 32) {
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int r = 0; r < 16 * MT; ++r) sum += Traits<T>::to_float(g[r * SG + c]);
+    part[tile * NP + c] = sum;
+  }
+}
+
 // Backward GEMM: out (the warp's rows, columns [0, pad8(K))) = g (columns [0, pad16(pad8(N))))
 // . W, W (N x K) row-major; the GEMM padding columns up to pad16 are zeroed.
+
+// one column chunk's result, columns [i0, i0 + 8 * ntiles), into out
+template <class T, int MT, int NCL, int SG>
+__device__ __forceinline__ void bwd_store(float (&acc)[MT][NCL / 8][4], T* out, int i0, int ntiles) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < NCL / 8; ++j) {
+    if (j < ntiles) {
+      const int col = i0 + j * 8 + 2 * (lane & 3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = mt * 16 + (lane >> 2) + h * 8;
+          *reinterpret_cast<uint32_t*>(out + r * SG + col) = Traits<T>::pack(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+        }
+    }
+  }
+}
+
+// streamed weight (as fwd_layer)
 template <class T, int K, int N, int MT, int NC, int SG, int SW>
 __device__ __forceinline__ void bwd_gemm(const T* g, T* out, T* wb0, T* wb1, const T* __restrict__ W) {
   constexpr int JG = pad16(pad8(N)), KP = pad8(K), NCL = cmin(NC, KP), NCH = (KP + NCL - 1) / NCL;
-  const int lane = threadIdx.x & 31;
   load_w_kn<T, K, N, JG, NCL, SW>(wb0, W, 0);
   cp_commit();
 #pragma unroll 1
@@ -369,20 +510,24 @@ __device__ __forceinline__ void bwd_gemm(const T* g, T* out, T* wb0, T* wb1, con
     const int ntiles = cmin(NCL, KP - i0) / 8;
     float acc[MT][NCL / 8][4];
     warp_gemm<T, MT, NCL, JG, SG, SW, true>(acc, g, cur, ntiles);
-#pragma unroll
-    for (int j = 0; j < NCL / 8; ++j) {
-      if (j < ntiles) {
-        const int col = i0 + j * 8 + 2 * (lane & 3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = mt * 16 + (lane >> 2) + h * 8;
-            *reinterpret_cast<uint32_t*>(out + r * SG + col) = Traits<T>::pack(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
-          }
-      }
-    }
+    bwd_store<T, MT, NCL, SG>(acc, out, i0, ntiles);
     __syncthreads();
+  }
+  zero_cols<T, MT, KP, pad16(KP), SG>(out);
+  __syncwarp();
+}
+
+// resident weight (as fwd_layer_resident): ws holds W whole, row stride SW
+template <class T, int K, int N, int MT, int NC, int SG, int SW>
+__device__ __forceinline__ void bwd_gemm_resident(const T* g, T* out, const T* ws) {
+  constexpr int JG = pad16(pad8(N)), KP = pad8(K), NCL = cmin(NC, KP), NCH = (KP + NCL - 1) / NCL;
+#pragma unroll 1
+  for (int c = 0; c < NCH; ++c) {
+    const int i0 = c * NCL;
+    const int ntiles = cmin(NCL, KP - i0) / 8;
+    float acc[MT][NCL / 8][4];
+    warp_gemm<T, MT, NCL, JG, SG, SW, true>(acc, g, ws + i0, ntiles);
+    bwd_store<T, MT, NCL, SG>(acc, out, i0, ntiles);
   }
   zero_cols<T, MT, KP, pad16(KP), SG>(out);
   __syncwarp();

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
 from cutlass_ops_gen.mlp import trace_mlp  # noqa: E402
-from cutlass_ops_gen.mlp_emit import choose_config, emit, nvcc_command  # noqa: E402
+from cutlass_ops_gen.mlp_emit import choose_config, emit, nvcc_command, resident_layout  # noqa: E402
 
 SM80, SM86, SM90 = 166912, 101376, 232448
 
@@ -29,6 +29,7 @@ def seq(widths, act=nn.ReLU, bias=True):
 @pytest.mark.parametrize("limit, bm", [(SM90, 128), (SM80, 64), (SM86, 64)])
 def test_config_fits_the_limit(limit, bm):
     cfg = choose_config(trace_mlp(seq([3, 256, 256, 1]), None), limit)
+    assert cfg.resident_warps == 0  # 156 KB of weights leave no room for 4 warps' tiles
     assert cfg.bm == bm
     assert max(cfg.smem_fwd, cfg.smem_bwd) <= limit
     # the tiles hold the widest layer (padded to 16) plus 8 columns of skew, 16-byte rows
@@ -36,8 +37,39 @@ def test_config_fits_the_limit(limit, bm):
 
 
 def test_small_model_gets_the_big_tile_everywhere():
-    cfg = choose_config(trace_mlp(seq([2, 32, 32, 3]), None), SM86)
-    assert cfg.bm == 128 and cfg.sa == 32 + 8
+    cfg = choose_config(trace_mlp(seq([2, 32, 32, 3]), None), SM86, resident=False)
+    assert cfg.bm == 128 and cfg.sa == 32 + 8 and cfg.resident_warps == 0
+
+
+@pytest.mark.parametrize("limit, warps", [(SM90, 16), (SM80, 12), (SM86, 4)])
+def test_resident_weights_where_they_fit(limit, warps):
+    """Issue 19's width-64 model: its 35 KB of weights stay in shared memory beside as many
+    warps' 32-row tiles (two of 32 x 72 halves each) as fit."""
+    spec = trace_mlp(seq([32, 64, 64, 64, 64, 16]), None)
+    cfg = choose_config(spec, limit)
+    assert cfg.resident_warps == warps and cfg.bm == 32
+    layout, total = resident_layout(spec, 64)
+    assert cfg.resident == layout and cfg.smem_fwd == 2 * (total + warps * 2 * 32 * 72) <= limit
+    assert choose_config(spec, limit, resident=False).resident_warps == 0
+
+
+@pytest.mark.parametrize("widths", [[32, 64, 64, 16], [57, 127, 1, 3], [3, 200, 1], [1, 1], [16, 130, 8]])
+def test_resident_layout_covers_the_chunks(widths):
+    """Each layer's tile holds what the forward (rows: column chunks of 64 output features) and
+    the backward (columns: chunks of 64 input features; rows: output features padded to 16)
+    read, 16-byte aligned, with the 8-column skew."""
+    spec = trace_mlp(seq(widths), None)
+    layout, total = resident_layout(spec, 64)
+    end = 0
+    for l, (off, rows, stride) in zip(spec.layers, layout):
+        assert off == end and off % 8 == 0 and stride % 8 == 0
+        n_pad, k_pad = l.out_padded, l.in_padded
+        assert rows >= -(-n_pad // min(64, n_pad)) * min(64, n_pad) and rows >= -(-n_pad // 16) * 16
+        cols = stride - 8
+        assert cols >= -(-l.in_features // 16) * 16
+        assert cols >= -(-k_pad // min(64, k_pad)) * min(64, k_pad)
+        end = off + rows * stride
+    assert end == total
 
 
 def test_config_too_big():
@@ -52,7 +84,7 @@ def test_source_holds_the_model():
     assert "typedef __nv_bfloat16 T;" in src
     for i, l in enumerate(spec.layers):
         assert f"return {l.activation.cuda};" in src and f"return {l.activation.cuda_grad};" in src
-        assert re.search(rf"fwd_layer<T, Act{i}, {l.in_features}, {l.out_features}, false,", src)
+        assert re.search(rf"fwd_layer(_resident)?<T, Act{i}, {l.in_features}, {l.out_features}, false,", src)
     assert f"constexpr int L = 3, MT = {cfg.mt}, BM = {cfg.bm}" in src
     assert 'extern "C" int fmlp_fwd(' in src and 'extern "C" int fmlp_bwd(' in src
 
@@ -68,12 +100,15 @@ NVCC = os.environ.get("CUDACXX") or shutil.which("nvcc") or "/usr/local/cuda/bin
 @pytest.mark.skipif(not os.path.isfile(NVCC) or os.environ.get("CUTLASS_OPS_SKIP_NVCC") == "1",
                     reason="no nvcc (or CUTLASS_OPS_SKIP_NVCC=1)")
 def test_nvcc_compiles_one_model(tmp_path):
-    """One odd-width model, fp16, sm_80: compiles, three kernels, no spills (~5 s)."""
-    src, _ = emit(trace_mlp(seq([57, 127, 1, 3], act=nn.GELU), None), "float16", SM80)
-    (tmp_path / "m.cu").write_text(src)
-    cmd = nvcc_command(NVCC, str(tmp_path / "m.cu"), str(tmp_path / "m.so"), "80", verbose_ptxas=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    log = r.stdout + r.stderr
-    assert len(re.findall(r"Compiling entry function", log)) == 3, log
-    assert not re.search(r"[1-9]\d* bytes spill (stores|loads)", log), log
+    """One odd-width model, fp16, sm_80, resident and streamed weights: compiles, three kernels
+    each, no spills (~10 s)."""
+    for resident in (True, False):
+        src, cfg = emit(trace_mlp(seq([57, 127, 1, 3], act=nn.GELU), None), "float16", SM80, resident)
+        assert (cfg.resident_warps > 0) == resident
+        (tmp_path / "m.cu").write_text(src)
+        cmd = nvcc_command(NVCC, str(tmp_path / "m.cu"), str(tmp_path / "m.so"), "80", verbose_ptxas=True)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        log = r.stdout + r.stderr
+        assert len(re.findall(r"Compiling entry function", log)) == 3, log
+        assert not re.search(r"[1-9]\d* bytes spill (stores|loads)", log), log

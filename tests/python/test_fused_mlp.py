@@ -287,6 +287,25 @@ def test_gpu_backward_vs_float64(name, dtype, rows):
 
 
 @gpu
+@pytest.mark.parametrize("name", ["relu_32_64x5_16", "odd_57_127_1_84_3"])
+@pytest.mark.parametrize("resident", [True, False])
+def test_gpu_resident_and_streamed_weights(name, resident, monkeypatch):
+    """The same models on both kernel shapes (mlp_emit: weights resident in shared memory, or
+    streamed per 128-row CTA; CUTLASS_OPS_MLP_RESIDENT=0 forces streamed): forward at an odd row
+    count that leaves warps without a tile, and the gradients, against float64."""
+    monkeypatch.setenv("CUTLASS_OPS_MLP_RESIDENT", "1" if resident else "0")
+    model, fused, ref_model, x = setup(name, torch.float16, "cuda", 100003, seed=7)
+    info = fused.compile_kernel()
+    assert (info["resident_warps"] > 0) == resident, info
+    with torch.no_grad():
+        y = fused(x.cuda())
+        ref = ref_model(x.double())
+    err, peer = rel(y, ref), _torch_same_dtype_error(model, x.cuda(), ref)
+    assert err <= TARGET[torch.float16], (name, resident, err, peer)
+    _check_grads(name, fused, ref_model, x[:20011].cuda(), torch.float16, model)
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_matches_cpu_path(dtype):
     """The kernel against the op's CPU path (same rounding points): near bit-level agreement."""
@@ -441,7 +460,9 @@ def test_gpu_second_process_hits_cache(tmp_path):
     env = dict(os.environ, CUTLASS_OPS_CACHE=str(tmp_path))
     runs = []
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        # -P: the working directory (a source checkout's root, under tests/dev_overlay.sh) stays
+        # off sys.path, so the child imports the same cutlass_ops as this process
+        r = subprocess.run([sys.executable, "-P", "-c", script], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         runs.append(__import__("json").loads(r.stdout.strip().splitlines()[-1]))
     first, second = runs
