@@ -81,7 +81,7 @@ for tool in $TOOLS; do
     # 512->512 3x3 conv on the 2x2 map (an sm90 xmma kernel, the one whose output
     # conv2d_wgrad's epilogue reads in FusedResNet's backward).
     for writer in 80 90 cudnn cudnn:2,512,512,2; do
-      name=${writer/:/_}; args=(--writer "${writer%%:*}"); [ "$writer" != "${writer#*:}" ] && args+=(--shape "${writer#*:}")
+      name=${writer/:/_}; name=${name//,/x}; args=(--writer "${writer%%:*}"); [ "$writer" != "${writer#*:}" ] && args+=(--shape "${writer#*:}")
       echo "== initcheck (TMA probe, writer $writer)" | tee -a "$log"
       env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$LIMIT" "$SANITIZER" --tool initcheck --print-limit 3 --nvtx no \
         "$PYTHON" -P tests/sanitize_tma_probe.py "${args[@]}" > "$DEST/sanitize_tma_probe_$name.log" 2>&1
