@@ -15,26 +15,28 @@ and load times.
 Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.custom_op``:
 
 - ``fused_mlp(x, weights, biases, key, save) -> (y, saved)``: x (M, K0) -> y (M, N).  ``save``
-  also returns, for the backward, each layer's pre-activation z_l and each hidden layer's
-  activation a_l, (M, pad8(width)) in x's dtype (the training forward writes them to global
-  memory; the inference forward writes only y).
-- ``fused_mlp_backward(grad_y, x, weights, saved, key, need_dx) -> (dx, dz)``: one kernel walks
-  the layers backwards (dz_l = g * act'(z_l), g = dz_l . W_l in shared memory) and writes dz_l
-  and dx; the weight and bias gradients (dW_l = dz_l^T a_{l-1}, db_l = column sums of dz_l) are
-  GEMMs and sums over the batch that autograd's backward runs with torch (cuBLAS on CUDA).
+  also returns, for the backward, each hidden layer's activation a_l and the pre-activation z_l
+  of the last layer and of each hidden layer whose activation's derivative needs it
+  (``MlpSpec.saves_pre_activation``; an empty tensor in its place for ReLU, leaky ReLU, tanh,
+  sigmoid and identity, whose derivative comes from a_l), (M, pad8(width)) in x's dtype.
+- ``fused_mlp_backward(grad_y, x, weights, saved, key, need_dx) -> (dx, dz, db)``: one kernel
+  walks the layers backwards (dz_l = g * act'(z_l), g = dz_l . W_l in shared memory) and writes
+  dz_l, dx and the bias gradients db_l (float32 column sums of dz_l); the weight gradients
+  dW_l = dz_l^T a_{l-1} are GEMMs over the batch that autograd's backward runs with torch
+  (cuBLAS on CUDA).
 - Autograd (``register_autograd``), fake impls for torch.compile, CPU impls (the same math and
   rounding points in float32, or float64 for float64 inputs).
 
-The kernel: a CTA of 4 warps owns 128 rows (64 where shared memory is smaller than sm90's);
-per layer a warp-level tensor-core GEMM (``mma.sync.m16n8k16``, fp32 accumulation) from shared
-memory, bias and activation in the epilogue, the result back into shared memory as the next
-layer's input in x's dtype; only y (and with ``save`` z_l, a_l) is written to global memory.
+The kernel (``cutlass_ops_gen/mlp_kernel.cuh``): per layer a warp-level tensor-core GEMM
+(``mma.sync.m16n8k16``, fp32 accumulation) from shared memory, bias and activation in the
+epilogue, the result back into shared memory as the next layer's input in x's dtype; only y
+(and with ``save`` the tensors above) is written to global memory.  The weights stay resident
+in shared memory where they fit, else stream through it per 128-row CTA (``mlp_emit``).
 Widths are padded to multiples of 8 inside (zero-filled).  CUDA-graph safe (no host syncs or
 allocations outside torch's allocator; compile and load happen at the first call).
 
-Status: the CUDA kernels compile for sm_80 and sm_90 (``tests/mlp_compile_check.py``); the CPU
-path and the ops' registration are tested on the CPU (``tests/python/test_fused_mlp.py``); see
-README.md for what has run on a GPU.
+Tests: ``tests/python/test_fused_mlp.py`` (CPU and GPU), ``tests/generator/test_mlp_emit.py``,
+``tests/mlp_compile_check.py``; README.md ("FusedMLP") for what has run on a GPU.
 """
 from __future__ import annotations
 
@@ -286,11 +288,23 @@ def _forward_math(x, weights, biases, spec: MlpSpec, save: bool):
             z = z + b.to(ct)
         out = to_torch(layer.activation.tree, z).to(x.dtype)
         if save:
-            zs.append(_pad_cols(z.to(x.dtype), layer.out_padded))
+            zs.append(_pad_cols(z.to(x.dtype), layer.out_padded) if spec.saves_pre_activation(i)
+                      else x.new_empty((0,)))
             if i < len(spec.layers) - 1:
                 acts.append(_pad_cols(out, layer.out_padded))
         a = out.to(ct)
     return out, zs + acts
+
+
+def _saved_buffers(x, spec: MlpSpec):
+    """What a forward with save=True returns beside y: per layer its pre-activation z (M, padded
+    out), an empty tensor where the backward takes the derivative from the activation instead
+    (spec.saves_pre_activation), and per hidden layer its activation a (M, padded out)."""
+    M = x.shape[0]
+    zs = [x.new_empty((M, l.out_padded)) if spec.saves_pre_activation(i) else x.new_empty((0,))
+          for i, l in enumerate(spec.layers)]
+    acts = [x.new_empty((M, l.out_padded)) for l in spec.layers[:-1]]
+    return zs, acts
 
 
 def _warn_torch_path(dtype) -> None:
@@ -326,12 +340,11 @@ def _fused_mlp_cuda(x, weights, biases, key, save):
     biases = [None if b is None else b.contiguous() for b in biases]
     y = x.new_empty((M, spec.out_features))
     L = len(spec.layers)
-    zs = [x.new_empty((M, l.out_padded)) for l in spec.layers] if save else []
-    acts = [x.new_empty((M, l.out_padded)) for l in spec.layers[:-1]] if save else []
+    zs, acts = _saved_buffers(x, spec) if save else ([], [])
     arr = ctypes.c_void_p * L
     wp = arr(*[w.data_ptr() for w in weights])
     bp = arr(*[0 if b is None else b.data_ptr() for b in biases])
-    zp = arr(*[t.data_ptr() for t in zs]) if save else arr()
+    zp = arr(*[t.data_ptr() if t.numel() else 0 for t in zs]) if save else arr()
     ap = arr(*([t.data_ptr() for t in acts] + [0])) if save else arr()
     stream = torch.cuda.current_stream(x.device).cuda_stream
     kern._check(kern.lib.fmlp_fwd(kern.device_index, x.data_ptr(), y.data_ptr(), wp, bp, zp, ap, M,
@@ -347,8 +360,7 @@ def _fused_mlp_fake(x, weights, biases, key, save):
     y = x.new_empty((M, spec.out_features))
     if not save:
         return y, []
-    zs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
-    acts = [x.new_empty((M, l.out_padded)) for l in spec.layers[:-1]]
+    zs, acts = _saved_buffers(x, spec)
     return y, zs + acts
 
 
@@ -369,8 +381,12 @@ def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
     dzs, dbs = [None] * L, [None] * L
     for i in reversed(range(L)):
         layer = spec.layers[i]
-        z = saved[i][:, :layer.out_features].to(ct)
-        dz = (g * to_torch(diff(layer.activation.tree), z)).to(x.dtype)
+        if spec.saves_pre_activation(i):
+            z = saved[i][:, :layer.out_features].to(ct)
+            dz = (g * to_torch(diff(layer.activation.tree), z)).to(x.dtype)
+        else:  # the derivative from the saved activation (as the kernel's bwd_act<FROM_OUT>)
+            y = saved[L + i][:, :layer.out_features].to(ct)
+            dz = (g * to_torch(layer.activation.grad_from_output, y)).to(x.dtype)
         dzs[i] = _pad_cols(dz, layer.out_padded)
         dbs[i] = (dz.to(_bias_grad_dtype(x.dtype)).sum(0) if layer.bias
                   else x.new_empty((0,), dtype=_bias_grad_dtype(x.dtype)))
@@ -411,7 +427,8 @@ def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx):
     L = len(spec.layers)
     grad_y = _aligned(grad_y)
     weights = [_aligned(w) for w in weights]
-    zs = [_aligned(t) for t in saved[:L]]
+    # per layer what bwd_act reads: z, or the activation where its derivative comes from it
+    zs = [_aligned(saved[i] if spec.saves_pre_activation(i) else saved[L + i]) for i in range(L)]
     dzs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
     # per warp tile: the bias gradient's column sums (the kernel's partials)

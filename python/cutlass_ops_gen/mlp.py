@@ -302,15 +302,44 @@ def to_torch(e: Expr, x):
 # The spec
 # ---------------------------------------------------------------------------------------------
 
+def output_derivative(tree: Expr) -> Expr | None:
+    """d out / d x written in the activation's output (the result's variable ``x`` stands for
+    the output), for the activations whose output determines it: identity, ReLU, leaky ReLU with
+    a positive slope (the output has the input's sign), sigmoid, tanh.  PyTorch's own backward
+    reads the output the same way for ReLU, sigmoid and tanh.  None for any other tree."""
+    if tree == X:
+        return ONE
+    if tree == Expr("relu", (X,)):
+        return select(X, 1.0, 0.0)
+    if tree == Expr("sigmoid", (X,)):
+        return mul(X, sub(1.0, X))
+    if tree == Expr("tanh", (X,)):
+        return sub(1.0, mul(X, X))
+    if tree.op == "select" and tree.args[0] == X and tree.args[1] == X:
+        negative = tree.args[2]
+        if negative == ZERO:
+            return select(X, 1.0, 0.0)
+        if negative.op == "mul" and X in negative.args:
+            c = negative.args[0] if negative.args[1] == X else negative.args[1]
+            if c.is_const() and c.value > 0:
+                return select(X, 1.0, c.value)
+    return None
+
+
 @dataclass(frozen=True)
 class Activation:
     tree: Expr
     cuda: str = field(init=False)
     cuda_grad: str = field(init=False)
+    grad_from_output: Expr | None = field(init=False)   # output_derivative(tree)
+    cuda_grad_from_output: str | None = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "cuda", to_cuda(self.tree))
         object.__setattr__(self, "cuda_grad", to_cuda(diff(self.tree)))
+        g = output_derivative(self.tree)
+        object.__setattr__(self, "grad_from_output", g)
+        object.__setattr__(self, "cuda_grad_from_output", None if g is None else to_cuda(g))
 
     @property
     def is_identity(self) -> bool:
@@ -345,6 +374,12 @@ class MlpSpec:
     @property
     def out_features(self) -> int:
         return self.layers[-1].out_features
+
+    def saves_pre_activation(self, i: int) -> bool:
+        """Whether training saves layer i's pre-activation z for the backward: the last layer's
+        always; a hidden layer's only where its activation's derivative needs z (otherwise the
+        backward reads it from the saved activation, which the weight gradient needs anyway)."""
+        return i == len(self.layers) - 1 or self.layers[i].activation.grad_from_output is None
 
     def structure_key(self) -> str:
         """A stable text of the structure (widths, bias, activations): the future cache key's input."""

@@ -6,8 +6,10 @@ and one dtype (float16 or bfloat16):
 - ``fwd_kernel<SAVE>``: the whole chain of Linear layers in one kernel (``mlp_kernel.cuh``: per
   layer a warp-level tensor-core GEMM from shared memory, fp32 accumulation, bias and the
   activation in the epilogue, the result back into shared memory as the next layer's input; only
-  the last layer writes global memory).  ``SAVE`` also writes each layer's pre-activation ``z``
-  and each hidden layer's activation ``a`` to global memory, for the backward pass.
+  the last layer writes global memory).  ``SAVE`` also writes each hidden layer's activation
+  ``a`` to global memory for the backward pass, and the pre-activation ``z`` of the last layer
+  and of each hidden layer whose activation's derivative needs it (``saves_pre_activation``:
+  not ReLU, leaky ReLU, tanh, sigmoid or identity, whose backward reads ``a``).
 - ``bwd_kernel``: the input-gradient chain, also one kernel: per layer (last first)
   ``dz = g * act'(z)`` (written to global memory: the weight gradients are GEMMs over the batch,
   which the Python side runs; the bias gradient's column sums per warp tile are written as
@@ -37,7 +39,7 @@ from .mlp import MlpSpec, padded
 THREADS = 128
 WARPS = 4
 KERNEL_HEADER = Path(__file__).with_name("mlp_kernel.cuh")
-EMITTER_VERSION = 2  # bump when the emitted code changes in a way the header text does not show
+EMITTER_VERSION = 3  # bump when the emitted code changes in a way the header text does not show
 
 CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
@@ -117,10 +119,18 @@ def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True) -> Conf
 
 
 def _act_struct(i: int, layer) -> str:
+    dfy = layer.activation.cuda_grad_from_output
     return (f"struct Act{i} {{  // {layer.name}\n"
             f"  static __device__ __forceinline__ float f(float x) {{ return {layer.activation.cuda}; }}\n"
             f"  static __device__ __forceinline__ float df(float x) {{ return {layer.activation.cuda_grad}; }}\n"
-            f"}};\n")
+            + ("" if dfy is None else
+               f"  // the derivative from the output (the variable x stands for it)\n"
+               f"  static __device__ __forceinline__ float dfy(float x) {{ return {dfy}; }}\n")
+            + "};\n")
+
+
+def _cbool(v: bool) -> str:
+    return "true" if v else "false"
 
 
 def _streamed_kernels(spec: MlpSpec, cfg: Config) -> str:
@@ -145,8 +155,8 @@ __global__ void __launch_bounds__(FMLP_THREADS) fwd_kernel(const FwdParams p) {{
         src, dst = ("a0", "a1") if i % 2 == 0 else ("a1", "a0")
         out.append(
             f"  fmlp::fwd_layer<T, Act{i}, {l.in_features}, {l.out_features}, {str(l.bias).lower()}, SAVE, "
-            f"{str(i < L - 1).lower()}, MT, NC, SA, SWF>({src}, {dst}, wb0, wb1, p.w[{i}], p.b[{i}], p.z[{i}], "
-            f"p.a[{i}], wrow0, p.M);\n")
+            f"{_cbool(spec.saves_pre_activation(i))}, {_cbool(i < L - 1)}, MT, NC, SA, SWF>({src}, {dst}, wb0, wb1, "
+            f"p.w[{i}], p.b[{i}], p.z[{i}], p.a[{i}], wrow0, p.M);\n")
     last = "act1" if L % 2 == 1 else "act0"
     out.append(f"""  __syncthreads();
   fmlp::store_rows<T, BM, {nl}, SA>(p.y, {last}, row0, p.M);
@@ -168,7 +178,8 @@ __global__ void __launch_bounds__(FMLP_THREADS) bwd_kernel(const BwdParams p) {{
     cur, nxt = "w0", "w1"
     for i in reversed(range(L)):
         l = layers[i]
-        out.append(f"  fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA>({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
+        out.append(f"  fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA, {_cbool(not spec.saves_pre_activation(i))}>"
+                   f"({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
         if l.bias:
             out.append(f"  fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
         gemm = (f"fmlp::bwd_gemm<T, {l.in_features}, {l.out_features}, MT, NC, SA, SWB>({cur}, {nxt}, wb0, wb1, "
@@ -218,8 +229,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_kernel(const FwdParams p) {{
         src, dst = ("t0", "t1") if i % 2 == 0 else ("t1", "t0")
         out.append(
             f"    fmlp::fwd_layer_resident<T, Act{i}, {l.in_features}, {l.out_features}, {str(l.bias).lower()}, "
-            f"SAVE, {str(i < L - 1).lower()}, MT, NC, SA, {stride}>({src}, {dst}, wres + {off}, p.b[{i}], p.z[{i}], "
-            f"p.a[{i}], wrow0, p.M);\n")
+            f"SAVE, {_cbool(spec.saves_pre_activation(i))}, {_cbool(i < L - 1)}, MT, NC, SA, {stride}>({src}, {dst}, "
+            f"wres + {off}, p.b[{i}], p.z[{i}], p.a[{i}], wrow0, p.M);\n")
     last = "t1" if L % 2 == 1 else "t0"
     out.append(f"""    fmlp::store_rows<T, BM, {nl}, SA, 32>(p.y, {last}, wrow0, p.M, lane);
     __syncwarp();
@@ -234,7 +245,8 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_kernel(const BwdParams p) {{
     for i in reversed(range(L)):
         l = layers[i]
         off, rows, stride = cfg.resident[i]
-        out.append(f"    fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA>({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
+        out.append(f"    fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA, {_cbool(not spec.saves_pre_activation(i))}>"
+                   f"({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
         if l.bias:
             out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
         gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
@@ -275,6 +287,8 @@ constexpr int RESIDENT_WARPS = {cfg.resident_warps};
 constexpr int THREADS = RESIDENT_WARPS ? RESIDENT_WARPS * 32 : FMLP_THREADS;
 
 struct FwdParams {{ const T* x; T* y; const T* w[L]; const T* b[L]; T* z[L]; T* a[L]; long long M; }};
+// z[i]: layer i's saved pre-activation, or its saved activation where the backward takes the
+// derivative from the output (spec.saves_pre_activation(i) false: bwd_act<..., FROM_OUT>)
 struct BwdParams {{ const T* dy; T* dx; const T* z[L]; const T* w[L]; T* dz[L]; float* db[L]; long long M; }};
 """)
     out.append(_resident_kernels(spec, cfg) if cfg.resident_warps else _streamed_kernels(spec, cfg))

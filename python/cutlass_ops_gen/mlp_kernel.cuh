@@ -286,8 +286,8 @@ __device__ __forceinline__ void zero_cols(T* buf) {
 
 // ---------------------------------------------------------------------------------------------
 // Forward layer: out = act(in . W^T + b) for the CTA's rows.  in/out point at the warp's first
-// row.  SAVE: also write the pre-activation z and (when A_OUT) the activation to global
-// (row-major, row stride pad8(N)), rows < M.
+// row.  SAVE: also write the pre-activation z (when Z_OUT) and the activation (when A_OUT) to
+// global (row-major, row stride pad8(N)), rows < M.
 // ---------------------------------------------------------------------------------------------
 
 // The epilogue of one column chunk, columns [n0, n0 + 8 * ntiles) of the warp's rows, into its
@@ -338,12 +338,12 @@ __device__ __forceinline__ void warp_store_cols(T* __restrict__ dst, const T* sr
   }
 }
 
-// One column chunk's output.  SAVE: z passes through the out tile first (then written to global
+// One column chunk's output.  Z_OUT: z passes through the out tile first (then written to global
 // whole), and act(z) replaces it.
-template <class T, class Act, int N, bool BIAS, bool SAVE, int MT, int NCL, int SA>
+template <class T, class Act, int N, bool BIAS, bool Z_OUT, int MT, int NCL, int SA>
 __device__ __forceinline__ void fwd_chunk(float (&acc)[MT][NCL / 8][4], T* out, const T* __restrict__ bias,
                                           T* __restrict__ zsave, int n0, int ntiles, int64_t wrow0, int64_t M) {
-  if constexpr (SAVE) {
+  if constexpr (Z_OUT) {
     fwd_epilogue<T, Act, N, BIAS, true, MT, NCL, SA>(acc, out, bias, n0, ntiles);
     __syncwarp();
     warp_store_cols<T, 16 * MT, SA, pad8(N)>(zsave, out, n0, 8 * ntiles, wrow0, M);
@@ -363,7 +363,8 @@ __device__ __forceinline__ void fwd_save_activation(T* __restrict__ asave, const
 
 // Streamed weight: the CTA's warps load each chunk of W together (double-buffered cp.async,
 // block barriers); any model size.
-template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool A_OUT, int MT, int NC, int SA, int SW>
+template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool Z_OUT, bool A_OUT, int MT, int NC, int SA,
+          int SW>
 __device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, const T* __restrict__ W,
                                           const T* __restrict__ bias, T* __restrict__ zsave,
                                           T* __restrict__ asave, int64_t wrow0, int64_t M) {
@@ -385,7 +386,7 @@ __device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, c
     const int ntiles = cmin(NCL, NP - n0) / 8;
     float acc[MT][NCL / 8][4];
     warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, cur, ntiles);
-    fwd_chunk<T, Act, N, BIAS, SAVE, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
+    fwd_chunk<T, Act, N, BIAS, SAVE && Z_OUT, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
     __syncthreads();
   }
   zero_cols<T, MT, NP, pad16(NP), SA>(out);
@@ -395,7 +396,8 @@ __device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, c
 
 // Resident weight: ws holds the whole W (load_w_resident), so the warp runs on its own: no
 // barrier, no copy.
-template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool A_OUT, int MT, int NC, int SA, int SW>
+template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool Z_OUT, bool A_OUT, int MT, int NC, int SA,
+          int SW>
 __device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T* ws, const T* __restrict__ bias,
                                                    T* __restrict__ zsave, T* __restrict__ asave, int64_t wrow0,
                                                    int64_t M) {
@@ -406,7 +408,7 @@ __device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T*
     const int ntiles = cmin(NCL, NP - n0) / 8;
     float acc[MT][NCL / 8][4];
     warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, ws + n0 * SW, ntiles);
-    fwd_chunk<T, Act, N, BIAS, SAVE, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
+    fwd_chunk<T, Act, N, BIAS, SAVE && Z_OUT, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
   }
   zero_cols<T, MT, NP, pad16(NP), SA>(out);
   __syncwarp();
@@ -416,9 +418,10 @@ __device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T*
 // ---------------------------------------------------------------------------------------------
 // Backward, elementwise: g = g * act'(z) on the warp's rows, columns [0, pad8(N)) (zero for
 // columns >= N and rows >= M); writes dz = g to global (row stride pad8(N)); zeroes the GEMM
-// padding columns up to pad16.
+// padding columns up to pad16.  FROM_OUT: z points at the saved activation y instead, and the
+// derivative is Act::dfy(y) (activations whose output determines it: ReLU, tanh, ...).
 // ---------------------------------------------------------------------------------------------
-template <class T, class Act, int N, int MT, int SG>
+template <class T, class Act, int N, int MT, int SG, bool FROM_OUT = false>
 __device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __restrict__ dz, int64_t wrow0, int64_t M) {
   constexpr int NP = pad8(N), V = NP / 8;
   const int lane = threadIdx.x & 31;
@@ -437,8 +440,14 @@ __device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __rest
       for (int e = 0; e < 4; ++e) {
         const float2 gf = Traits<T>::unpack(gw[e]), zf = Traits<T>::unpack(zw[e]);
         const int col = c + 2 * e;
-        const float d0 = col < N ? gf.x * Act::df(zf.x) : 0.0f;
-        const float d1 = col + 1 < N ? gf.y * Act::df(zf.y) : 0.0f;
+        float d0 = 0.0f, d1 = 0.0f;
+        if constexpr (FROM_OUT) {
+          if (col < N) d0 = gf.x * Act::dfy(zf.x);
+          if (col + 1 < N) d1 = gf.y * Act::dfy(zf.y);
+        } else {
+          if (col < N) d0 = gf.x * Act::df(zf.x);
+          if (col + 1 < N) d1 = gf.y * Act::df(zf.y);
+        }
         ow[e] = Traits<T>::pack(d0, d1);
       }
       *reinterpret_cast<uint4*>(dz + row * NP + c) = out;

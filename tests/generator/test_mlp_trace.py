@@ -443,3 +443,24 @@ def test_untraceable_control_flow():
     with pytest.raises(ValueError, match="torch.fx could not trace"):
         trace_mlp(DataDependent(), torch.randn(2, 4))
 
+
+
+@pytest.mark.parametrize("act, from_output", [
+    (nn.ReLU(), True), (nn.LeakyReLU(0.1), True), (nn.LeakyReLU(2.0), True), (nn.Tanh(), True),
+    (nn.Sigmoid(), True), (nn.Identity(), True), (nn.LeakyReLU(-0.5), False), (nn.GELU(), False),
+    (nn.SiLU(), False), (nn.Softplus(), False), (nn.ELU(), False),
+])
+def test_derivative_from_the_output(act, from_output):
+    """Where the training forward skips saving z, the backward's derivative from the output y
+    (the emitted dfy expression, y = act(x)) equals the derivative in x, away from the kink;
+    everything else keeps z."""
+    spec = trace_mlp(nn.Sequential(nn.Linear(4, 8), act, nn.Linear(8, 2)), None)
+    a = spec.layers[0].activation
+    assert (a.cuda_grad_from_output is not None) == from_output
+    assert spec.saves_pre_activation(0) == (not from_output) and spec.saves_pre_activation(1)
+    if from_output:
+        x = torch.linspace(-4, 4, 801, dtype=torch.float64)
+        x = x[x.abs() > 1e-3]  # the kink at 0: both sides take torch's convention there
+        y = cuda_eval(a.cuda, x)
+        torch.testing.assert_close(cuda_eval(a.cuda_grad_from_output, y), cuda_eval(a.cuda_grad, x),
+                                   rtol=1e-12, atol=1e-12)
