@@ -197,7 +197,7 @@ class _Kernel:
 
 def _resident_allowed() -> bool:
     """CUTLASS_OPS_MLP_RESIDENT=0 keeps every model on streamed weights (to compare the two);
-    read when a kernel is first built in the process."""
+    read per call: kernels of both shapes are built and cached side by side."""
     return os.environ.get("CUTLASS_OPS_MLP_RESIDENT", "1") != "0"
 
 

@@ -26,8 +26,8 @@ namespace conv2d_b2b {
 // K1 <= 64: "RF-resident", four warps per CTA in both GEMMs (B2B needs the same warp count),
 // 32 rows of the GEMM's M each and the whole N (K0, then K1) per warp: 128 rows per CTA, 12%
 // faster than 64 rows (two warps) on an H100 at 64 -> 64, N=128, 56x56
-// (docs/experiments/b2b_tiles/; 32 -> 64 takes the same shape, not timed on its own).  K1 >= 128: the first
-// conv's output goes through shared memory instead ("smem-resident",
+// (docs/experiments/b2b_tiles/; 32 -> 64 takes the same shape, not timed on its own).
+// K1 >= 128: the first conv's output goes through shared memory instead ("smem-resident",
 // kernel/default_b2b_conv2d_fprop_smem_accumulator_sm80.h) and four warps split both GEMMs (the
 // shapes of the example's fused_two_convs_f16_sm80_shmem.cu, warp N = K1 / 4).  Why not RF at
 // K1 = 128: with half_t output and float accumulators, CUTLASS's RF-resident kernel at a warp

@@ -16,9 +16,10 @@ and one dtype (float16 or bfloat16):
   float32 partials) and ``g = dz . W`` in shared memory; ``dx`` at the end.
 - Two shapes of both kernels (``Config.resident_warps``): where every layer's weight fits in
   shared memory beside the warps' activation tiles, the weights are loaded once per CTA and stay
-  (``fwd_layer_resident``): CTAs of 4-16 warps, as many as fit on the GPU, each warp taking 32-row tiles from a
-  grid-stride loop with no block barrier after the weight load.  Otherwise (wide models) the
-  weight streams through shared memory chunk by chunk for each 128-row CTA (``fwd_layer``).
+  (``fwd_layer_resident``): CTAs of 4-16 warps, as many as fit on the GPU, each warp taking
+  32-row tiles from a grid-stride loop with no block barrier after the weight load.  Otherwise
+  (wide models) the weight streams through shared memory chunk by chunk for each 128-row CTA
+  (``fwd_layer``).
 - ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``)
   that the Python side calls through ctypes, with the CUDA stream to launch on.
 

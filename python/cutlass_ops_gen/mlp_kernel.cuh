@@ -14,9 +14,9 @@
 //   bwd_gemm_resident).
 // Activations live in shared memory (two buffers, one layer's input and its output), each warp
 // reading and writing only its own rows, so between layers a warp needs no block barrier.
-// Widths are padded to multiples of 8 (the
-// spec's padding) and, as a GEMM reduction length, to multiples of 16: padded weight rows and
-// columns are zero-filled while loading, padded activation columns are written as zeros.
+// Widths are padded to multiples of 8 (the spec's padding) and, as a GEMM reduction length, to
+// multiples of 16: padded weight rows and columns are zero-filled while loading, padded
+// activation columns are written as zeros.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -325,7 +325,7 @@ __device__ __forceinline__ void fwd_epilogue(float (&acc)[MT][NCL / 8][4], T* ou
 // Columns [c0, c0 + ncols) (ncols % 8 == 0) of the warp's ROWS-row tile (stride S) to global
 // rows row0.. (row stride LD, 16-byte aligned), rows < M: whole 16-byte vectors, so the saved
 // tensors are written in full sectors (the epilogue's fragments would write 4-byte pieces of 8
-// rows at a time: 20x slower on an H100).
+// rows at a time: the width-64 forward with saves took 4.9 ms instead of 0.89 on an H100).
 template <class T, int ROWS, int S, int LD>
 __device__ __forceinline__ void warp_store_cols(T* __restrict__ dst, const T* src, int c0, int ncols, int64_t row0,
                                                 int64_t M) {

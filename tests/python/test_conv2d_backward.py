@@ -1,5 +1,8 @@
 """conv2d_dgrad and conv2d_wgrad (the training path's conv gradients; cutlass_ops/autograd.py)
 against float64 references, on the CPU (ATen) and the GPU (generated CUTLASS kernels)."""
+import csv
+import pathlib
+
 import pytest
 import torch
 from torch.nn.grad import conv2d_input, conv2d_weight
@@ -203,7 +206,6 @@ def test_wgrad_aten_chunks(case, fraction, monkeypatch, rng):
 def _profile_cudnn_problems():
     """(kind, N, C, H, W, K, R, stride, pad) of the shipped profiles' rows where cuDNN was
     fastest, smallest first."""
-    import csv, pathlib
     rows = []
     for path in sorted((pathlib.Path(__file__).resolve().parents[2] / "profiles").glob("*/sm80.csv")):
         lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
