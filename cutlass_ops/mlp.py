@@ -9,8 +9,10 @@ CUDA (float16 / bfloat16, sm_80 or newer) the first call for a dtype and GPU arc
 model's CUDA source (``cutlass_ops_gen.mlp_emit``) and compiles it with nvcc into a shared
 library in the cache (``$CUTLASS_OPS_CACHE/mlp/<hash>``, default ``~/.cache/cutlass_ops/mlp``),
 keyed by a hash of the source (structure, dtype, tile config), the arch and nvcc's version; a
-later process with the same model loads it from there.  ``kernel_info()`` reports the compile
-and load times.
+later process with the same model loads it from there.  Models listed in the build's manifest
+(CUTLASS_OPS_MLP_MODELS, ``cutlass_ops_gen.mlp_aot``) come compiled with the package
+(``mlp_aot/<key>/fused_mlp.so``) and need no nvcc.  ``kernel_info()`` reports the compile and
+load times.
 
 Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.custom_op``:
 
@@ -120,6 +122,16 @@ def _nvcc_version(nvcc: str) -> str:
     return _NVCC_VERSION[nvcc]
 
 
+AOT_DIR = Path(__file__).resolve().parent / "mlp_aot"
+
+
+def aot_library(source: str, arch: str) -> Optional[Path]:
+    """The kernel library the package was built with for this exact source and arch
+    (cutlass_ops/mlp_aot/<key>/fused_mlp.so, from the build's CUTLASS_OPS_MLP_MODELS), or None."""
+    path = AOT_DIR / mlp_emit.aot_key(source, arch) / "fused_mlp.so"
+    return path if path.is_file() else None
+
+
 class _Kernel:
     """One compiled and loaded model kernel (one spec, dtype, device)."""
 
@@ -134,16 +146,21 @@ class _Kernel:
         self.arch = f"{major}{minor}"
         smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
         self.source, self.config = mlp_emit.emit(spec, _CUDA_DTYPES[dtype], smem, resident=_resident_allowed())
-        nvcc = _nvcc()
-        ident = {"source_sha256": hashlib.sha256(self.source.encode()).hexdigest(), "arch": self.arch,
-                 "nvcc": _nvcc_version(nvcc), "emitter": mlp_emit.EMITTER_VERSION}
-        self.hash = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
-        self.dir = cache_dir() / self.hash
-        self.path = self.dir / "fused_mlp.so"
         self.compile_seconds = None
-        self.cache_hit = self.path.exists()
-        if not self.cache_hit:
-            self._compile(nvcc, ident)
+        aot = aot_library(self.source, self.arch)
+        self.ahead_of_time = aot is not None
+        if self.ahead_of_time:  # built with the package (CUTLASS_OPS_MLP_MODELS): no nvcc needed
+            self.path, self.dir, self.hash, self.cache_hit = aot, aot.parent, aot.parent.name, True
+        else:
+            nvcc = _nvcc()
+            ident = {"source_sha256": hashlib.sha256(self.source.encode()).hexdigest(), "arch": self.arch,
+                     "nvcc": _nvcc_version(nvcc), "emitter": mlp_emit.EMITTER_VERSION}
+            self.hash = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+            self.dir = cache_dir() / self.hash
+            self.path = self.dir / "fused_mlp.so"
+            self.cache_hit = self.path.exists()
+            if not self.cache_hit:
+                self._compile(nvcc, ident)
         t0 = time.perf_counter()
         self.lib = ctypes.CDLL(str(self.path))
         self.lib.fmlp_init.argtypes = [ctypes.c_int]
@@ -188,7 +205,7 @@ class _Kernel:
 
     def info(self) -> dict:
         return {"path": str(self.path), "arch": f"sm_{self.arch}", "dtype": str(self.dtype),
-                "cache_hit": self.cache_hit, "compile_seconds": self.compile_seconds,
+                "ahead_of_time": self.ahead_of_time, "cache_hit": self.cache_hit, "compile_seconds": self.compile_seconds,
                 "load_seconds": self.load_seconds,
                 # resident weights: warps per CTA (each on its own rows_per_tile rows); 0: streamed
                 "resident_warps": self.config.resident_warps, "rows_per_tile": self.config.bm,

@@ -32,6 +32,8 @@ compiles a model's kernel at first use.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -387,6 +389,21 @@ extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const*
 }}
 """)
     return "".join(out), cfg
+
+
+# Each arch's opt-in shared-memory limit per block (the value torch reports as
+# shared_memory_per_block_optin): what an ahead-of-time build emits for (mlp_aot).
+SMEM_LIMIT = {"80": 166912, "86": 101376, "87": 166912, "89": 101376, "90": 232448}
+
+
+def aot_key(source: str, arch: str) -> str:
+    """The name of an ahead-of-time kernel's folder (cutlass_ops/mlp_aot/<key>/fused_mlp.so):
+    the generated source (structure, dtype, tile config) and the arch; the runtime computes it
+    from the source it would compile, so a build-time kernel is found exactly when it is the
+    same code."""
+    ident = {"source_sha256": hashlib.sha256(source.encode()).hexdigest(), "arch": arch,
+             "emitter": EMITTER_VERSION}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def nvcc_command(nvcc: str, source: str, output: str, arch: str, verbose_ptxas: bool = False) -> list[str]:

@@ -472,3 +472,60 @@ def test_gpu_second_process_hits_cache(tmp_path):
     assert first["cache_hit"] is False and first["compile_seconds"] > 0
     assert second["cache_hit"] is True and second["compile_seconds"] is None
     assert second["path"] == first["path"] and second["path"].startswith(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels built ahead of time (the build's CUTLASS_OPS_MLP_MODELS; CI builds tests/mlp_aot_ci.json)
+# ---------------------------------------------------------------------------------------------
+
+def _aot_index():
+    import json
+    from cutlass_ops import _library
+    from cutlass_ops.mlp import AOT_DIR
+    if not _library.build_info().get("mlp_aot_kernels"):
+        pytest.skip("built without CUTLASS_OPS_MLP_MODELS (no FusedMLP kernels ahead of time)")
+    return json.loads((AOT_DIR / "index.json").read_text())["kernels"]
+
+
+def test_ahead_of_time_kernels_installed():
+    """Every kernel the build's manifest listed is in the package, and the runtime finds it
+    under the key of the source it would otherwise compile (so it needs no nvcc)."""
+    from cutlass_ops import _library
+    from cutlass_ops.mlp import aot_library
+    from cutlass_ops_gen.mlp import trace_mlp
+    from cutlass_ops_gen.mlp_aot import build_model
+    from cutlass_ops_gen.mlp_emit import SMEM_LIMIT, emit
+    index = _aot_index()
+    assert len(index) == _library.build_info()["mlp_aot_kernels"]
+    for e in index:
+        source, _ = emit(trace_mlp(build_model(e["model"]), None), e["dtype"], SMEM_LIMIT[e["arch"]])
+        path = aot_library(source, e["arch"])
+        assert path is not None and path.stat().st_size > 0, e
+        assert path.parent.name == e["key"]
+
+
+@gpu
+def test_gpu_ahead_of_time_kernel_needs_no_nvcc(monkeypatch):
+    """A model the build compiled for this GPU's arch runs with nvcc out of reach, right."""
+    from cutlass_ops_gen.mlp_aot import build_model
+    import cutlass_ops.mlp as mlp
+    major, minor = torch.cuda.get_device_capability()
+    entries = [e for e in _aot_index() if e["arch"] == f"{major}{minor}"]
+    if not entries or os.environ.get("CUTLASS_OPS_MLP_RESIDENT") == "0":
+        pytest.skip(f"no ahead-of-time FusedMLP kernel for sm_{major}{minor} in this build")
+    e = entries[0]
+    dtype = getattr(torch, e["dtype"])
+
+    def no_nvcc():
+        raise AssertionError("an ahead-of-time kernel must not need nvcc")
+    monkeypatch.setattr(mlp, "_nvcc", no_nvcc)
+    model = build_model(e["model"]).to(dtype)
+    ref_model = build_model(e["model"]).double()
+    ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    fused = FusedMLP.from_module(model).cuda()
+    info = fused.compile_kernel()
+    assert info["ahead_of_time"] and info["path"].endswith(f"{e['key']}/fused_mlp.so"), info
+    x = torch.randn(1000, fused.spec.in_features, generator=torch.Generator().manual_seed(3)).to(dtype)
+    with torch.no_grad():
+        err = rel(fused(x.cuda()), ref_model(x.double()))
+    assert err <= TARGET[dtype], err
