@@ -136,6 +136,17 @@ def _cbool(v: bool) -> str:
     return "true" if v else "false"
 
 
+def _bwd_elementwise(spec: MlpSpec, i: int, tile: str, indent: str) -> str:
+    """Layer i's dz = g * act'(.) on the warp's tile (from z, or from the saved activation where
+    the derivative comes from the output) and, with a bias, its per-tile column sums."""
+    l = spec.layers[i]
+    text = (f"{indent}fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA, {_cbool(not spec.saves_pre_activation(i))}>"
+            f"({tile}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
+    if l.bias:
+        text += f"{indent}fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({tile}, p.db[{i}], wrow0, p.M);\n"
+    return text
+
+
 def _streamed_kernels(spec: MlpSpec, cfg: Config) -> str:
     """fwd_kernel<SAVE> and bwd_kernel with streamed weights: one CTA of 4 warps per BM rows."""
     layers, L = spec.layers, len(spec.layers)
@@ -181,10 +192,7 @@ __global__ void __launch_bounds__(FMLP_THREADS) bwd_kernel(const BwdParams p) {{
     cur, nxt = "w0", "w1"
     for i in reversed(range(L)):
         l = layers[i]
-        out.append(f"  fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA, {_cbool(not spec.saves_pre_activation(i))}>"
-                   f"({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
-        if l.bias:
-            out.append(f"  fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
+        out.append(_bwd_elementwise(spec, i, cur, "  "))
         gemm = (f"fmlp::bwd_gemm<T, {l.in_features}, {l.out_features}, MT, NC, SA, SWB>({cur}, {nxt}, wb0, wb1, "
                 f"p.w[{i}]);")
         if i > 0:
@@ -248,10 +256,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_kernel(const BwdParams p) {{
     for i in reversed(range(L)):
         l = layers[i]
         off, rows, stride = cfg.resident[i]
-        out.append(f"    fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA, {_cbool(not spec.saves_pre_activation(i))}>"
-                   f"({cur}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
-        if l.bias:
-            out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
+        out.append(_bwd_elementwise(spec, i, cur, "    "))
         gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
                 f"wres + {off});")
         if i > 0:

@@ -161,12 +161,12 @@ __device__ __forceinline__ void store_rows(T* __restrict__ dst, const T* src, in
 }
 
 // Forward weight chunk: W is (N x K) row-major (nn.Linear).  ws[r][k] = W[n0 + r][k] for
-// r < NC, k < KG; zero where n0 + r >= N or k >= K.
-template <class T, int K, int KG, int N, int NC, int SW>
+// r < NC, k < KG; zero where n0 + r >= N or k >= K; by the CTA's NT threads.
+template <class T, int K, int KG, int N, int NC, int SW, int NT = FMLP_THREADS>
 __device__ __forceinline__ void load_w_nk(T* ws, const T* __restrict__ W, int n0) {
   if constexpr (K % 8 == 0) {
     constexpr int V = KG / 8;
-    for (int i = threadIdx.x; i < NC * V; i += FMLP_THREADS) {
+    for (int i = threadIdx.x; i < NC * V; i += NT) {
       const int r = i / V, k = (i % V) * 8, n = n0 + r;
       T* d = ws + r * SW + k;
       if (n < N && k < K)
@@ -175,7 +175,7 @@ __device__ __forceinline__ void load_w_nk(T* ws, const T* __restrict__ W, int n0
         *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
   } else {
-    for (int i = threadIdx.x; i < NC * KG; i += FMLP_THREADS) {
+    for (int i = threadIdx.x; i < NC * KG; i += NT) {
       const int r = i / KG, k = i % KG, n = n0 + r;
       ws[r * SW + k] = (n < N && k < K) ? W[(int64_t)n * K + k] : zero<T>();
     }
@@ -206,26 +206,11 @@ __device__ __forceinline__ void load_w_kn(T* ws, const T* __restrict__ W, int i0
 
 // Resident weight: W (N x K, row-major) whole into ws (R rows, row stride SW): ws[n][k] = W[n][k]
 // for n < N, k < K, zero for the rest of R rows x CW columns (the chunks of the forward and the
-// backward GEMMs read up to there), by all NT threads of the CTA.
+// backward GEMMs read up to there), by all NT threads of the CTA: one chunk of R rows.
 template <class T, int K, int N, int R, int CW, int SW, int NT>
 __device__ __forceinline__ void load_w_resident(T* ws, const T* __restrict__ W) {
   static_assert(CW % 8 == 0 && SW >= CW && R >= N, "resident weight tile");
-  if constexpr (K % 8 == 0) {
-    constexpr int V = CW / 8;
-    for (int i = threadIdx.x; i < R * V; i += NT) {
-      const int n = i / V, k = (i % V) * 8;
-      T* d = ws + n * SW + k;
-      if (n < N && k < K)
-        cp_async16(d, W + (int64_t)n * K + k);
-      else
-        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
-  } else {
-    for (int i = threadIdx.x; i < R * CW; i += NT) {
-      const int n = i / CW, k = i % CW;
-      ws[n * SW + k] = (n < N && k < K) ? W[(int64_t)n * K + k] : zero<T>();
-    }
-  }
+  load_w_nk<T, K, CW, N, R, SW, NT>(ws, W, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
