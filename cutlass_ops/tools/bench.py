@@ -423,15 +423,19 @@ def _has_family_90() -> bool:
 
 
 @contextlib.contextmanager
-def _env(name: str, value: str):
+def env_var(name: str, value):
+    """Sets (value) or unsets (None) an environment variable for the block."""
     import os
     old = os.environ.get(name)
-    os.environ[name] = value
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ[name]
+            os.environ.pop(name, None)
         else:
             os.environ[name] = old
 
@@ -448,7 +452,7 @@ def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
     if name in FAMILY_SYSTEMS:
         from ..fused_resnet import FusedResNet
         model = FusedResNet.from_reference(ref, graph=True).eval()
-        with _env("CUTLASS_OPS_SM90", name.rsplit("=", 1)[1]):
+        with env_var("CUTLASS_OPS_SM90", name.rsplit("=", 1)[1]):
             model(x)  # captures its graph: the kernels chosen now are the ones it replays
         return lambda: model(x)
     if name == "TorchScript NCHW":

@@ -10,16 +10,14 @@ are bench.py's.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import statistics
 import time
 
 import torch
 import torch.nn as nn
 
-from .bench import device_time, time_cuda, time_throughput
+from .bench import device_time, env_var, time_cuda, time_throughput
 from ..mlp import FusedMLP
 
 
@@ -53,23 +51,6 @@ SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
 OPTIONAL_SYSTEMS = ["FusedMLP streamed"]
 
 
-@contextlib.contextmanager
-def _env(name, value):
-    """Sets (value) or unsets (None) an environment variable for the block."""
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 class _WithEnv(nn.Module):
     """Runs ``module`` with an environment variable set (FusedMLP picks its kernel per call by
     CUTLASS_OPS_MLP_RESIDENT)."""
@@ -79,7 +60,7 @@ class _WithEnv(nn.Module):
         self.module, self.name, self.value = module, name, value
 
     def forward(self, x):
-        with _env(self.name, self.value):
+        with env_var(self.name, self.value):
             return self.module(x)
 
 
@@ -114,7 +95,7 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             # keeps them resident in shared memory (mlp_emit), for comparison
                             streamed = system == "FusedMLP streamed"
                             module = FusedMLP.from_module(ref)
-                            with _env("CUTLASS_OPS_MLP_RESIDENT", "0" if streamed else None):
+                            with env_var("CUTLASS_OPS_MLP_RESIDENT", "0" if streamed else None):
                                 extra = module.compile_kernel(dtype, "cuda")
                             if streamed:
                                 module = _WithEnv(module, "CUTLASS_OPS_MLP_RESIDENT", "0")
