@@ -1,6 +1,5 @@
 """conv2d_dgrad and conv2d_wgrad (the training path's conv gradients; cutlass_ops/autograd.py)
 against float64 references, on the CPU (ATen) and the GPU (generated CUTLASS kernels)."""
-import csv
 import pathlib
 
 import pytest
@@ -205,14 +204,16 @@ def test_wgrad_aten_chunks(case, fraction, monkeypatch, rng):
 
 def _profile_cudnn_problems():
     """(kind, N, C, H, W, K, R, stride, pad) of the shipped profiles' rows where cuDNN was
-    fastest, smallest first."""
+    fastest, smallest first (read with the generator's own profile reader)."""
+    from cutlass_ops_gen.tiles import profile_files, read_profile_rows
     rows = []
-    for path in sorted((pathlib.Path(__file__).resolve().parents[2] / "profiles").glob("*/sm80.csv")):
-        lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
-        for r in csv.DictReader(lines):
-            if r["Provider"] == "cudnn" and r["Activation"] == "f16:nhwc" and r["r"] == r["s"]:
-                rows.append((r["conv_kind"], *(int(r[f]) for f in ("n", "c", "h", "w", "k", "r", "stride_h", "pad_h"))))
-    return sorted(set(rows), key=lambda t: t[1] * t[3] * t[4] * max(t[2], t[5]))
+    for path in profile_files(pathlib.Path(__file__).resolve().parents[2] / "profiles", 80):
+        for kind in ("dgrad", "wgrad"):
+            for r in read_profile_rows(path, kind):
+                if r["Provider"] == "cudnn" and r["Activation"] == "f16:nhwc" and r["r"] == r["s"]:
+                    rows.append((kind, *(int(r[f]) for f in ("n", "c", "h", "w", "k", "r", "stride_h", "pad_h"))))
+    # by size, ties by the tuple: the same problem in every process (a set's order is not)
+    return sorted(set(rows), key=lambda t: (t[1] * t[3] * t[4] * max(t[2], t[5]), t))
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
