@@ -62,7 +62,7 @@ try:
     # cutlass_ops_gen ships in the wheel next to cutlass_ops (pyproject.toml wheel.packages): the
     # model's kernel is generated at first use, from the same tracer and emitter the build uses.
     from cutlass_ops_gen import mlp_emit
-    from cutlass_ops_gen.mlp import MlpSpec, diff, padded, to_torch, trace_mlp
+    from cutlass_ops_gen.mlp import MlpSpec, diff, to_torch, trace_mlp
 except ImportError as exc:  # pragma: no cover
     raise ImportError("cutlass_ops.mlp needs the cutlass_ops_gen package, which the cutlass_ops wheel "
                       "installs; in a source checkout put its python/ folder on PYTHONPATH") from exc
@@ -386,10 +386,6 @@ def _fused_mlp_fake(x, weights, biases, key, save):
 # bias gradient (float32; empty for a layer without bias)
 # ---------------------------------------------------------------------------------------------
 
-def _bias_grad_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
     """The backward in torch ops, any device (as _forward_math)."""
     L = len(spec.layers)
@@ -405,8 +401,8 @@ def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
             y = saved[L + i][:, :layer.out_features].to(ct)
             dz = (g * to_torch(layer.activation.grad_from_output, y)).to(x.dtype)
         dzs[i] = _pad_cols(dz, layer.out_padded)
-        dbs[i] = (dz.to(_bias_grad_dtype(x.dtype)).sum(0) if layer.bias
-                  else x.new_empty((0,), dtype=_bias_grad_dtype(x.dtype)))
+        # the bias gradient in the compute dtype (float32, float64 for float64)
+        dbs[i] = dz.to(ct).sum(0) if layer.bias else x.new_empty((0,), dtype=ct)
         if i > 0 or need_dx:
             g = (dz.to(ct) @ weights[i].to(ct)).to(x.dtype).to(ct)
     dx = g.to(x.dtype) if need_dx else x.new_empty((0,))
@@ -468,7 +464,7 @@ def _fused_mlp_backward_fake(grad_y, x, weights, saved, key, need_dx):
     spec = _spec(key)
     M = x.shape[0]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
-    bt = _bias_grad_dtype(x.dtype)
+    bt = _compute_dtype(x.dtype)
     return (dx, [x.new_empty((M, l.out_padded)) for l in spec.layers],
             [x.new_empty((l.out_features if l.bias else 0,), dtype=bt) for l in spec.layers])
 
