@@ -8,6 +8,7 @@ PYTHONPATH=<checkout> when the built library is linked into its cutlass_ops/ fol
 """
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -25,10 +26,26 @@ SMALL = ["--base-planes", "16", "--image", "32"]  # the same network, narrower: 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() and cutlass_ops.cuda_kernels_built() else 0
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port below the kernel's ephemeral range: a port from bind(0) is ephemeral, so between
+    our closing it and rank 0's TCPStore binding it (seconds: a torch import), the gloo connections
+    of the runs started beside it could take it (EADDRINUSE in CI).  Never the same port twice."""
+    rng = random.Random(os.getpid())
+    for _ in range(1000):
+        port = rng.randrange(20000, 32768)
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise RuntimeError("no free port in 20000..32767")
 
 
 class Launch:
@@ -38,18 +55,27 @@ class Launch:
 
     def __init__(self, nproc, *args, tmp_path, name="out", env=None):
         self.out = Path(tmp_path) / f"{name}.json"
-        cmd = [sys.executable, str(EXAMPLE), *map(str, args), "--out", str(self.out)]
-        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc),
-                      "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1", **(env or {})}
-        self.procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), **rendezvous))
-                      for r in range(nproc)]
+        self.nproc, self.env = nproc, env
+        self.cmd = [sys.executable, str(EXAMPLE), *map(str, args), "--out", str(self.out)]
+        self.start()
         self.done = None
+
+    def start(self):
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(self.nproc),
+                      "LOCAL_WORLD_SIZE": str(self.nproc), "OMP_NUM_THREADS": "1", **(self.env or {})}
+        self.procs = [subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), **rendezvous))
+                      for r in range(self.nproc)]
 
     def result(self, timeout=600):
         if self.done is None:
-            texts = [p.communicate(timeout=timeout)[0] for p in self.procs]
-            rc = max(p.returncode for p in self.procs)
+            for attempt in range(2):
+                texts = [p.communicate(timeout=timeout)[0] for p in self.procs]
+                rc = max(p.returncode for p in self.procs)
+                # Another program took the port before rank 0 bound it: not the code under test.
+                if rc == 0 or attempt == 1 or not any("EADDRINUSE" in t for t in texts):
+                    break
+                self.start()
             self.done = (rc, json.loads(self.out.read_text()) if self.out.exists() else None, "\n".join(texts))
         return self.done
 
