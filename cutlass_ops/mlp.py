@@ -21,11 +21,14 @@ Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.custom_op`
   of the last layer and of each hidden layer whose activation's derivative needs it
   (``MlpSpec.saves_pre_activation``; an empty tensor in its place for ReLU, leaky ReLU, tanh,
   sigmoid and identity, whose derivative comes from a_l), (M, pad8(width)) in x's dtype.
-- ``fused_mlp_backward(grad_y, x, weights, saved, key, need_dx) -> (dx, dz, db)``: one kernel
-  walks the layers backwards (dz_l = g * act'(z_l), g = dz_l . W_l in shared memory) and writes
-  dz_l, dx and the bias gradients db_l (float32 column sums of dz_l); the weight gradients
-  dW_l = dz_l^T a_{l-1} are GEMMs over the batch that autograd's backward runs with torch
-  (cuBLAS on CUDA).
+- ``fused_mlp_backward(grad_y, x, weights, saved, key, need_dx, fused_dw) -> (dx, dz, db, dw)``:
+  one kernel walks the layers backwards (dz_l = g * act'(z_l), g = dz_l . W_l in shared memory)
+  and writes dx and the bias gradients db_l (float32 column sums of dz_l).  The weight gradients
+  dW_l = dz_l^T a_{l-1}: with ``fused_dw`` the kernel accumulates them itself (per-CTA float32
+  partials, summed in a fixed order) and returns them as dw (dz empty); without, it writes dz_l
+  and autograd's backward runs the GEMMs over the batch with torch (cuBLAS on CUDA; dw empty).
+  Autograd asks for ``fused_dw`` where the model's kernel has it (resident weights whose dW fits
+  in registers, e.g. width 64; ``CUTLASS_OPS_MLP_FUSED_DW=0`` turns it off).
 - Autograd (``register_autograd``), fake impls for torch.compile, CPU impls (the same math and
   rounding points in float32, or float64 for float64 inputs).
 
@@ -169,6 +172,9 @@ class _Kernel:
         P = ctypes.c_void_p
         self.lib.fmlp_fwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, ctypes.c_int, P]
         self.lib.fmlp_bwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, P]
+        if self.config.dw_warps:  # the fused weight-gradient backward exists for this model
+            self.lib.fmlp_bwd_dw_ctas.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.POINTER(ctypes.c_longlong)]
+            self.lib.fmlp_bwd_dw.argtypes = [ctypes.c_int, P, P, P, P, P, P, P, P, ctypes.c_longlong, P]
         with torch.cuda.device(index):
             self._check(self.lib.fmlp_init(index), "init")
         self.load_seconds = time.perf_counter() - t0
@@ -209,7 +215,21 @@ class _Kernel:
                 "load_seconds": self.load_seconds,
                 # resident weights: warps per CTA (each on its own rows_per_tile rows); 0: streamed
                 "resident_warps": self.config.resident_warps, "rows_per_tile": self.config.bm,
-                "smem_fwd": self.config.smem_fwd, "smem_bwd": self.config.smem_bwd}
+                "smem_fwd": self.config.smem_fwd, "smem_bwd": self.config.smem_bwd,
+                # > 0: the weight gradients come from the backward kernel (warps per CTA)
+                "fused_weight_grad_warps": self.config.dw_warps, "smem_bwd_dw": self.config.smem_dw}
+
+
+def _fused_weight_grads(spec: MlpSpec, x: torch.Tensor) -> bool:
+    """Whether the backward computes the weight gradients in its kernel (resident models whose dW
+    fits in registers, on CUDA in float16/bfloat16) rather than as GEMMs over saved dz.
+    CUTLASS_OPS_MLP_FUSED_DW=0 keeps the GEMMs (to compare the two); read per call.  Decided from
+    the config alone (no compile), so a torch.compile trace with fake tensors decides the same."""
+    if x.device.type != "cuda" or x.dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_FUSED_DW", "1") == "0":
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    return mlp_emit.choose_config(spec, smem, resident=_resident_allowed()).dw_warps > 0
 
 
 def _resident_allowed() -> bool:
@@ -386,12 +406,13 @@ def _fused_mlp_fake(x, weights, biases, key, save):
 # bias gradient (float32; empty for a layer without bias)
 # ---------------------------------------------------------------------------------------------
 
-def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
-    """The backward in torch ops, any device (as _forward_math)."""
+def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool, fused_dw: bool = False):
+    """The backward in torch ops, any device (as _forward_math).  fused_dw: return the weight
+    gradients (float32 / float64, as the fused kernel) and empty dz, as the op's contract says."""
     L = len(spec.layers)
     ct = _compute_dtype(x.dtype)
     g = grad_y.to(ct)
-    dzs, dbs = [None] * L, [None] * L
+    dzs, dbs, dws = [None] * L, [None] * L, [None] * L
     for i in reversed(range(L)):
         layer = spec.layers[i]
         if spec.saves_pre_activation(i):
@@ -403,19 +424,26 @@ def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool):
         dzs[i] = _pad_cols(dz, layer.out_padded)
         # the bias gradient in the compute dtype (float32, float64 for float64)
         dbs[i] = dz.to(ct).sum(0) if layer.bias else x.new_empty((0,), dtype=ct)
+        if fused_dw:
+            a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
+            dws[i] = dz.to(ct).t() @ a_prev.to(ct)
+            dzs[i] = x.new_empty((0,))
+        else:
+            dws[i] = x.new_empty((0,), dtype=ct)
         if i > 0 or need_dx:
             g = (dz.to(ct) @ weights[i].to(ct)).to(x.dtype).to(ct)
     dx = g.to(x.dtype) if need_dx else x.new_empty((0,))
-    return dx, dzs, dbs
+    return dx, dzs, dbs, dws
 
 
 @torch.library.custom_op("cutlass_ops::fused_mlp_backward", mutates_args=())
 def _fused_mlp_backward(grad_y: torch.Tensor, x: torch.Tensor, weights: list[torch.Tensor],
-                        saved: list[torch.Tensor], key: str,
-                        need_dx: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+                        saved: list[torch.Tensor], key: str, need_dx: bool,
+                        fused_dw: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor],
+                                                 list[torch.Tensor]]:
     spec = _spec(key)
     _check_saved(grad_y, x, saved, spec)
-    return _backward_math(grad_y, x, weights, saved, spec, need_dx)
+    return _backward_math(grad_y, x, weights, saved, spec, need_dx, fused_dw)
 
 
 def _check_saved(grad_y, x, saved, spec):
@@ -430,43 +458,67 @@ def _check_saved(grad_y, x, saved, spec):
 
 
 @_fused_mlp_backward.register_kernel("cuda")
-def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx):
+def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx, fused_dw):
     spec = _spec(key)
     _check_saved(grad_y, x, saved, spec)
     if x.dtype not in _CUDA_DTYPES:
-        return _backward_math(grad_y, x, weights, saved, spec, need_dx)
+        return _backward_math(grad_y, x, weights, saved, spec, need_dx, fused_dw)
     kern = _kernel(key, x.dtype, x.device)
     M = x.shape[0]
     L = len(spec.layers)
+    x = _aligned(x)
     grad_y = _aligned(grad_y)
     weights = [_aligned(w) for w in weights]
     # per layer what bwd_act reads: z, or the activation where its derivative comes from it
     zs = [_aligned(saved[i] if spec.saves_pre_activation(i) else saved[L + i]) for i in range(L)]
-    dzs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
     # per warp tile: the bias gradient's column sums (the kernel's partials)
     tiles = -(-M // (16 * kern.config.mt))  # the kernels index partials by 16*MT-row warp tile
     parts = [x.new_empty((tiles, l.out_padded), dtype=torch.float32) if l.bias else None for l in spec.layers]
     arr = ctypes.c_void_p * L
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    kern._check(kern.lib.fmlp_bwd(kern.device_index, grad_y.data_ptr(), dx.data_ptr() if need_dx else None,
-                                  arr(*[t.data_ptr() for t in zs]), arr(*[w.data_ptr() for w in weights]),
-                                  arr(*[t.data_ptr() for t in dzs]),
-                                  arr(*[0 if t is None else t.data_ptr() for t in parts]), M, stream),
-                "launch (backward)")
+    dx_ptr = dx.data_ptr() if need_dx else None
+    db_ptrs = arr(*[0 if t is None else t.data_ptr() for t in parts])
+    if fused_dw and kern.config.dw_warps:
+        ctas = ctypes.c_longlong(0)
+        kern._check(kern.lib.fmlp_bwd_dw_ctas(kern.device_index, M, ctypes.byref(ctas)), "grid (backward, fused dW)")
+        # one float32 partial of each dW per CTA, summed below in a fixed order (deterministic)
+        dw_parts = [x.new_empty((max(ctas.value, 1), l.out_features, l.in_features), dtype=torch.float32)
+                    for l in spec.layers]
+        acts = [_aligned(saved[L + i]) if i < L - 1 else x for i in range(L)]
+        kern._check(kern.lib.fmlp_bwd_dw(kern.device_index, grad_y.data_ptr(), dx_ptr, x.data_ptr(),
+                                         arr(*[t.data_ptr() for t in zs]), arr(*[t.data_ptr() for t in acts]),
+                                         arr(*[w.data_ptr() for w in weights]),
+                                         arr(*[t.data_ptr() for t in dw_parts]), db_ptrs, M, stream),
+                    "launch (backward, fused dW)")
+        dws = [t.sum(0) if M > 0 else t.new_zeros(t.shape[1:]) for t in dw_parts]
+        dzs = [x.new_empty((0,)) for _ in spec.layers]
+    else:
+        dzs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
+        kern._check(kern.lib.fmlp_bwd(kern.device_index, grad_y.data_ptr(), dx_ptr,
+                                      arr(*[t.data_ptr() for t in zs]), arr(*[w.data_ptr() for w in weights]),
+                                      arr(*[t.data_ptr() for t in dzs]), db_ptrs, M, stream),
+                    "launch (backward)")
+        dws = [x.new_empty((0,), dtype=torch.float32) for _ in spec.layers]
+        if fused_dw:  # asked for, but this model's kernel has none: the GEMMs here, same contract
+            acts = [x] + [saved[L + i][:, :l.out_features] for i, l in enumerate(spec.layers[:-1])]
+            dws = [torch.mm(dz[:, :l.out_features].t(), a, out_dtype=torch.float32)
+                   for dz, a, l in zip(dzs, acts, spec.layers)]
+            dzs = [x.new_empty((0,)) for _ in spec.layers]
     dbs = [x.new_empty((0,), dtype=torch.float32) if t is None else t[:, :l.out_features].sum(0)
            for t, l in zip(parts, spec.layers)]
-    return dx, dzs, dbs
+    return dx, dzs, dbs, dws
 
 
 @_fused_mlp_backward.register_fake
-def _fused_mlp_backward_fake(grad_y, x, weights, saved, key, need_dx):
+def _fused_mlp_backward_fake(grad_y, x, weights, saved, key, need_dx, fused_dw):
     spec = _spec(key)
     M = x.shape[0]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
     bt = _compute_dtype(x.dtype)
-    return (dx, [x.new_empty((M, l.out_padded)) for l in spec.layers],
-            [x.new_empty((l.out_features if l.bias else 0,), dtype=bt) for l in spec.layers])
+    dzs = [x.new_empty((0,) if fused_dw else (M, l.out_padded)) for l in spec.layers]
+    dws = [x.new_empty((l.out_features, l.in_features) if fused_dw else (0,), dtype=bt) for l in spec.layers]
+    return dx, dzs, [x.new_empty((l.out_features if l.bias else 0,), dtype=bt) for l in spec.layers], dws
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,13 +561,17 @@ def _backward(ctx, grad_y, grad_saved):
     need_dx = ctx.needs_input_grad[0]
     if grad_y is None:  # y unused (set_materialize_grads(False) above)
         grad_y = x.new_zeros((x.shape[0], spec.out_features))
-    dx, dzs, dbs = torch.ops.cutlass_ops.fused_mlp_backward(grad_y.contiguous(), x, list(weights), list(saved),
-                                                            ctx.key, need_dx)
+    fused_dw = _fused_weight_grads(spec, x)
+    dx, dzs, dbs, dws = torch.ops.cutlass_ops.fused_mlp_backward(grad_y.contiguous(), x, list(weights), list(saved),
+                                                                 ctx.key, need_dx, fused_dw)
     gw, gb = [], []
     for i, layer in enumerate(spec.layers):
-        dz = dzs[i][:, :layer.out_features]
-        a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
-        gw.append(_weight_grad(dz, a_prev))
+        if fused_dw:
+            gw.append(dws[i].to(x.dtype))
+        else:
+            dz = dzs[i][:, :layer.out_features]
+            a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
+            gw.append(_weight_grad(dz, a_prev))
         gb.append(dbs[i].to(x.dtype) if ctx.has_bias[i] else None)
     # a list of Nones is one pytree leaf to autograd's input spec: its gradient is one None
     return (dx if need_dx else None), gw, (gb if any(ctx.has_bias) else None), None, None

@@ -5,7 +5,8 @@
 Emits the CUDA source of a set of model specs (widths 1, 57, 127, 256; depths 1..8; every
 activation the tracer knows; float16 and bfloat16), compiles each with nvcc for each arch
 (sm_80 with sm80's 163 KB shared-memory limit, sm_90 with 227 KB), one compile at a time, and
-prints ptxas's registers / spills / shared memory per kernel.  Exits 1 on a compile error or a
+prints ptxas's registers / spills / shared memory per kernel (fwd, fwd<SAVE>, bwd, and bwd_dw where
+the weight gradients fit in registers).  Exits 1 on a compile error or a
 spill (ptxas reporting non-zero spill stores or loads).  --quick: three specs only.
 """
 from __future__ import annotations
@@ -99,14 +100,15 @@ def main() -> int:
                                      r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?"
                                      r"Used (\d+) registers", log, re.S):
                     kern = "fwd<SAVE>" if "fwd_kernelILb1" in m.group(1) else \
-                        "fwd" if "fwd_kernel" in m.group(1) else "bwd"
+                        "fwd" if "fwd_kernel" in m.group(1) else "bwd_dw" if "bwd_dw_kernel" in m.group(1) else "bwd"
                     kernels.append((kern, int(m.group(5)), int(m.group(3)), int(m.group(4))))
                 spills = any(s or l for _, _, s, l in kernels)
-                ok = r.returncode == 0 and not spills and len(kernels) == 3
+                ok = r.returncode == 0 and not spills and len(kernels) == 3 + (cfg.dw_warps > 0)
                 failed += not ok
                 desc = ", ".join(f"{k}: {reg} regs, {s}/{l} B spill st/ld" for k, reg, s, l in kernels)
                 print(f"{'ok  ' if ok else 'FAIL'} {name:18s} {dtype:8s} sm_{arch:3s} BM={cfg.bm:3d} "
-                      f"smem fwd/bwd {cfg.smem_fwd // 1024}/{cfg.smem_bwd // 1024} KiB  {dt:5.1f} s  {desc}",
+                      f"smem fwd/bwd/bwd_dw {cfg.smem_fwd // 1024}/{cfg.smem_bwd // 1024}/{cfg.smem_dw // 1024} KiB  "
+                      f"{dt:5.1f} s  {desc}",
                       flush=True)
                 if r.returncode != 0:
                     print(log[-4000:])

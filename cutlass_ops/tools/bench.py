@@ -424,8 +424,11 @@ def _has_family_90() -> bool:
 
 @contextlib.contextmanager
 def env_var(name: str, value):
-    """Sets (value) or unsets (None) an environment variable for the block."""
+    """Sets (value) or unsets (None) an environment variable for the block; name None: nothing."""
     import os
+    if name is None:
+        yield
+        return
     old = os.environ.get(name)
     if value is None:
         os.environ.pop(name, None)

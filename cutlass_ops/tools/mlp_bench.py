@@ -48,20 +48,13 @@ MODELS = {
 }
 BATCHES = [2 ** 14, 2 ** 18, 2 ** 21]
 SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
-OPTIONAL_SYSTEMS = ["FusedMLP streamed"]
-
-
-class _WithEnv(nn.Module):
-    """Runs ``module`` with an environment variable set (FusedMLP picks its kernel per call by
-    CUTLASS_OPS_MLP_RESIDENT)."""
-
-    def __init__(self, module, name, value):
-        super().__init__()
-        self.module, self.name, self.value = module, name, value
-
-    def forward(self, x):
-        with env_var(self.name, self.value):
-            return self.module(x)
+# FusedMLP variants, for comparison, by the switch each runs under (read per call, forward and
+# backward): streamed weights where the default keeps them resident in shared memory (mlp_emit),
+# and the weight gradients as GEMMs over saved dz where the default computes them in the
+# backward kernel.
+VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
+            "FusedMLP dW GEMMs": ("CUTLASS_OPS_MLP_FUSED_DW", "0")}
+OPTIONAL_SYSTEMS = list(VARIANTS)
 
 
 def _flops(model, rows, backward):
@@ -90,15 +83,11 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                     t0 = time.perf_counter()
                     extra, fn = {}, None
                     try:
+                        variant = VARIANTS.get(system, (None, None))
                         if system.startswith("FusedMLP"):
-                            # "FusedMLP streamed": the kernel with streamed weights where the default
-                            # keeps them resident in shared memory (mlp_emit), for comparison
-                            streamed = system == "FusedMLP streamed"
                             module = FusedMLP.from_module(ref)
-                            with env_var("CUTLASS_OPS_MLP_RESIDENT", "0" if streamed else None):
+                            with env_var(*variant):
                                 extra = module.compile_kernel(dtype, "cuda")
-                            if streamed:
-                                module = _WithEnv(module, "CUTLASS_OPS_MLP_RESIDENT", "0")
                         elif system == "eager":
                             module = ref
                         else:
@@ -108,12 +97,13 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             xg = x.clone().requires_grad_(True)
                             params = list(module.parameters())
 
-                            def fn(module=module, xg=xg, params=params):
-                                y = module(xg)
-                                torch.autograd.grad(y, [xg] + params, torch.ones_like(y))
+                            def fn(module=module, xg=xg, params=params, variant=variant):
+                                with env_var(*variant):
+                                    y = module(xg)
+                                    torch.autograd.grad(y, [xg] + params, torch.ones_like(y))
                         else:
-                            def fn(module=module):
-                                with torch.no_grad():
+                            def fn(module=module, variant=variant):
+                                with torch.no_grad(), env_var(*variant):
                                     module(x)
                         for _ in range(3):
                             fn()
@@ -127,7 +117,9 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                         if system.startswith("FusedMLP"):
                             r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
                                      cache_hit=extra.get("cache_hit"), resident_warps=extra.get("resident_warps"),
-                                     rows_per_tile=extra.get("rows_per_tile"))
+                                     rows_per_tile=extra.get("rows_per_tile"),
+                                     fused_weight_grads=bool(extra.get("fused_weight_grad_warps"))
+                                     and variant[0] is None)
                     except Exception as e:  # noqa: BLE001 - reported, the others still run
                         r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
                     row["systems"][system] = r

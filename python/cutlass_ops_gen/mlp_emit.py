@@ -42,7 +42,7 @@ from .mlp import MlpSpec, padded
 THREADS = 128
 WARPS = 4
 KERNEL_HEADER = Path(__file__).with_name("mlp_kernel.cuh")
-EMITTER_VERSION = 3  # bump when the emitted code changes in a way the header text does not show
+EMITTER_VERSION = 4  # bump when the emitted code changes in a way the header text does not show
 
 CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
@@ -64,6 +64,9 @@ class Config:
     smem_bwd: int
     resident_warps: int = 0   # > 0: weights resident in shared memory, this many warps per CTA
     resident: tuple = ()      # per layer (offset, rows, row stride) of its weight, in elements
+    dw_warps: int = 0         # > 0: bwd_dw_kernel (weight gradients fused) with this many warps per CTA
+    dw_units: tuple = ()      # per layer (G, units, units per warp): dW dealt in 16 x 8G stripes
+    smem_dw: int = 0
 
     @property
     def bm(self) -> int:
@@ -92,10 +95,45 @@ def resident_layout(spec: MlpSpec, nc: int) -> tuple[tuple, int]:
     return tuple(layout), total
 
 
+DW_WARPS = (4, 8)
+# float32 dW accumulators per thread the fused weight-gradient kernel may hold (beside about 90
+# working registers: 2 CTAs of 4 warps per SM stay within 256 registers a thread)
+DW_ACC_BUDGET = 160
+
+
+def dw_units(spec: MlpSpec, warps: int) -> tuple:
+    """Per layer (G, units, units per warp): dW_l (out x in, padded to 16 x 8 tiles) split into
+    units of one 16-row stripe x G column tiles, G as wide as leaves every warp a unit (G up to
+    8: the stripe's A fragment is loaded once for G MMAs); unit u goes to warp u % warps."""
+    out = []
+    for l in spec.layers:
+        mt, nt = pad16(l.out_padded) // 16, l.in_padded // 8
+        g = min(8, nt)
+        while g > 1 and mt * -(-nt // g) < warps:
+            g = -(-g // 2)
+        units = mt * -(-nt // g)
+        out.append((g, units, -(-units // warps)))
+    return tuple(out)
+
+
+def choose_dw(spec: MlpSpec, total: int, sa: int, smem_limit: int) -> tuple[int, tuple, int]:
+    """The fused weight-gradient kernel's warps per CTA, units and shared memory (weights, and
+    3 tiles per warp: g, the next g and a_prev), or (0, (), 0) where the accumulators would not
+    fit in registers (wide models: their dW stays GEMMs over saved dz)."""
+    for warps in DW_WARPS:
+        units = dw_units(spec, warps)
+        acc = sum(g * per_warp * 4 for g, _, per_warp in units)
+        smem = 2 * (total + warps * 3 * 16 * RESIDENT_MT * sa)
+        if acc <= DW_ACC_BUDGET and smem <= smem_limit:
+            return warps, units, smem
+    return 0, (), 0
+
+
 def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True) -> Config:
     """Resident weights with the most warps that fit ``smem_limit`` bytes (a GPU's opt-in
     per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89), at least 4; else (or
-    with ``resident=False``) streamed weights with the largest row tile and weight chunk that fit."""
+    with ``resident=False``) streamed weights with the largest row tile and weight chunk that fit.
+    Resident models whose weight gradients fit in registers also get the fused-dW backward."""
     widths = [spec.in_features] + [l.out_features for l in spec.layers]
     sa = pad16(max(padded(w) for w in widths)) + 8
     if resident:
@@ -103,7 +141,8 @@ def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True) -> Conf
         for warps in RESIDENT_WARPS:
             smem = 2 * (total + warps * 2 * 16 * RESIDENT_MT * sa)
             if smem <= smem_limit:
-                return Config(RESIDENT_MT, 64, sa, 0, 0, 0, 0, smem, smem, warps, layout)
+                dw_warps, units, smem_dw = choose_dw(spec, total, sa, smem_limit)
+                return Config(RESIDENT_MT, 64, sa, 0, 0, 0, 0, smem, smem, warps, layout, dw_warps, units, smem_dw)
     kmax = max(pad16(l.in_padded) for l in spec.layers)
     nmax = max(l.out_padded for l in spec.layers)
     kpmax = max(l.in_padded for l in spec.layers)
@@ -276,6 +315,157 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_kernel(const BwdParams p) {{
     return "".join(out)
 
 
+def _dw_units_loop(layer, units_cfg: tuple, indent: str, body: str) -> str:
+    """A loop over the warp's dW units of a layer (unit = warp + u * DW_WARPS) with the unit's
+    16-row stripe m0, first column n0 and column tiles ntiles in scope for ``body``."""
+    g, units, per_warp = units_cfg
+    groups = -(-(layer.in_padded // 8) // g)  # column groups per stripe
+    return (f"{indent}#pragma unroll\n{indent}for (int u = 0; u < {per_warp}; ++u) {{\n"
+            f"{indent}  const int unit = warp + u * DW_WARPS;\n"
+            f"{indent}  if (unit < {units}) {{\n"
+            f"{indent}    const int m0 = (unit / {groups}) * 16, n0 = (unit % {groups}) * {8 * g};\n"
+            f"{indent}    const int ntiles = fmlp::cmin({g}, ({layer.in_padded} - n0) / 8);\n"
+            f"{indent}    {body}\n"
+            f"{indent}  }}\n{indent}}}\n")
+
+
+def _resident_dw_kernel(spec: MlpSpec, cfg: Config) -> str:
+    """bwd_dw_kernel: the resident backward with the weight gradients inside (no dz to global).
+    CTAs of DW_WARPS warps take DW_WARPS * BM-row tiles of a grid-stride loop; per layer (last
+    first) each warp: dz = g * act'(.) (from the a_l tile already in shared memory where the
+    derivative comes from the output), a barrier, cp.async of a_(l-1) (x for the first layer)
+    into its a tile while it computes g = dz . W_l, a barrier, then every warp its units of
+    dW_l over all the CTA's rows.  Each CTA writes its dW partials at the end."""
+    layers, L = spec.layers, len(spec.layers)
+    k0, nl = spec.in_features, spec.out_features
+    total = sum(rows * stride for _, rows, stride in cfg.resident)
+    tile = {"t0": "0", "t1": "BM * SA", "ta": "2 * BM * SA"}
+    out = [f"""
+__global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_kernel(const BwdDwParams p) {{
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* wres = reinterpret_cast<T*>(smem);
+"""]
+    for i, (l, (off, rows, stride)) in enumerate(zip(layers, cfg.resident)):
+        out.append(f"  fmlp::load_w_resident<T, {l.in_features}, {l.out_features}, {rows}, {stride - 8}, {stride}, "
+                   f"DW_WARPS * 32>(wres + {off}, p.w[{i}]);\n")
+    out.append(f"""  fmlp::cp_commit();
+  fmlp::cp_wait<0>();
+  __syncthreads();
+  constexpr int WSTRIDE = 3 * BM * SA;  // one warp's three tiles
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  T* tiles = wres + {total};
+  T* t0 = tiles + warp * WSTRIDE;
+  T* t1 = t0 + BM * SA;
+  T* ta = t1 + BM * SA;
+""")
+    for i, (g, units, per_warp) in enumerate(cfg.dw_units):
+        out.append(f"  float dw{i}[{per_warp}][{g}][4];  // layer {i}: {units} units of 16 x {8 * g}\n")
+    out.append(f"""#pragma unroll
+  for (int e = 0; e < 4; ++e) {{
+""")
+    for i, (g, units, per_warp) in enumerate(cfg.dw_units):
+        out.append(f"    for (int u = 0; u < {per_warp}; ++u)\n      for (int j = 0; j < {g}; ++j) dw{i}[u][j][e] = 0.0f;\n")
+    out.append(f"""  }}
+  const int64_t ctiles = (p.M + DW_WARPS * BM - 1) / (DW_WARPS * BM);
+#pragma unroll 1
+  for (int64_t ct = blockIdx.x; ct < ctiles; ct += gridDim.x) {{
+    const int64_t wrow0 = (ct * DW_WARPS + warp) * BM;
+    fmlp::load_rows<T, BM, {nl}, fmlp::pad16(fmlp::pad8({nl})), SA, 32>(t0, p.dy, wrow0, p.M, lane);
+    __syncwarp();
+""")
+    cur, nxt = "t0", "t1"
+    for i in reversed(range(L)):
+        l = layers[i]
+        off, rows, stride = cfg.resident[i]
+        g, units, per_warp = cfg.dw_units[i]
+        if spec.saves_pre_activation(i):
+            out.append(f"    fmlp::bwd_act_rows<T, Act{i}, {l.out_features}, MT, SA, false, {l.out_padded}, false>"
+                       f"({cur}, p.z[{i}] + wrow0 * {l.out_padded}, nullptr, wrow0, p.M);\n")
+        else:  # a_i is in ta: layer i + 1's weight gradient loaded it
+            out.append(f"    fmlp::bwd_act_rows<T, Act{i}, {l.out_features}, MT, SA, true, SA, false>"
+                       f"({cur}, ta, nullptr, wrow0, p.M);\n")
+        if l.bias:
+            out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
+        src, cols = ("p.x", k0) if i == 0 else (f"p.a[{i - 1}]", l.in_padded)
+        out.append(f"    __syncthreads();  // every warp is done with the tiles of layer {i + 1}'s dW\n"
+                   f"    fmlp::warp_load_rows_async<T, BM, {cols}, fmlp::pad16({l.in_padded}), SA>(ta, {src}, wrow0, p.M);\n"
+                   f"    fmlp::cp_commit();\n")
+        gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
+                f"wres + {off});")
+        if i > 0:
+            out.append(f"    {gemm}\n")
+        else:
+            out.append(f"    if (p.dx != nullptr) {{\n      {gemm}\n"
+                       f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
+        out.append(f"    fmlp::cp_wait<0>();\n    __syncthreads();\n")
+        out.append(_dw_units_loop(l, cfg.dw_units[i], "    ", f"fmlp::dw_unit<T, {g}, MT, DW_WARPS, SA, WSTRIDE>(dw{i}[u], "
+                                  f"tiles + {tile[cur]}, tiles + {tile['ta']}, m0, n0, ntiles);"))
+        cur, nxt = nxt, cur
+    out.append("""  }
+  // this CTA's partials: p.dw[l] + blockIdx.x * out * in
+""")
+    for i, l in enumerate(layers):
+        g = cfg.dw_units[i][0]
+        out.append(_dw_units_loop(l, cfg.dw_units[i], "  ", f"fmlp::dw_store<{g}, {l.out_features}, {l.in_features}>("
+                                  f"dw{i}[u], p.dw[{i}] + (int64_t)blockIdx.x * {l.out_features * l.in_features}, "
+                                  f"m0, n0, ntiles);"))
+    out.append("}\n")
+    return "".join(out)
+
+
+DW_HOST = """
+// The fused weight-gradient backward (bwd_dw_kernel): its grid for M rows (the host sizes the
+// dW partials by it), and the launch.  dw[l]: (ctas, out_l, in_l) float32; a[l]: layer l's saved
+// activation (l < L - 1); db as fmlp_bwd.
+static int dw_grid(int device, long long M, unsigned* grid) {
+  int sms = 0, per_sm = 0;
+  int e = (int)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e) return e;
+  e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_dw_kernel, DW_WARPS * 32, SMEM_DW);
+  if (e) return e;
+  const long long ctas = (M + DW_WARPS * BM - 1) / (DW_WARPS * BM), most = (long long)sms * (per_sm > 0 ? per_sm : 1);
+  *grid = (unsigned)(ctas < most ? ctas : most);
+  return 0;
+}
+
+extern "C" int fmlp_bwd_dw_ctas(int device, long long M, long long* ctas) {
+  *ctas = 0;
+  if (M <= 0) return 0;
+  int e = ensure_device(device);
+  if (e) return e;
+  unsigned grid = 0;
+  e = dw_grid(device, M, &grid);
+  *ctas = grid;
+  return e;
+}
+
+extern "C" int fmlp_bwd_dw(int device, const void* dy, void* dx, const void* x, const void* const* z,
+                           const void* const* a, const void* const* w, void* const* dw, void* const* db, long long M,
+                           void* stream) {
+  if (M <= 0) return 0;
+  int e = ensure_device(device);
+  if (e) return e;
+  BwdDwParams p;
+  p.dy = static_cast<const T*>(dy);
+  p.dx = static_cast<T*>(dx);
+  p.x = static_cast<const T*>(x);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.z[i] = static_cast<const T*>(z[i]);
+    p.a[i] = static_cast<const T*>(a[i]);
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.dw[i] = static_cast<float*>(dw[i]);
+    p.db[i] = static_cast<float*>(db[i]);
+  }
+  unsigned grid = 0;
+  e = dw_grid(device, M, &grid);
+  if (e) return e;
+  bwd_dw_kernel<<<grid, DW_WARPS * 32, SMEM_DW, static_cast<cudaStream_t>(stream)>>>(p);
+  return (int)cudaGetLastError();
+}
+"""
+
+
 def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True) -> tuple[str, Config]:
     """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config
     (``resident=False``: streamed weights even where they would fit)."""
@@ -296,14 +486,19 @@ constexpr int SWF = {cfg.sw_fwd}, NCF = {cfg.nc_fwd}, SWB = {cfg.sw_bwd}, JGB = 
 constexpr int SMEM_FWD = {cfg.smem_fwd}, SMEM_BWD = {cfg.smem_bwd};
 constexpr int RESIDENT_WARPS = {cfg.resident_warps};
 constexpr int THREADS = RESIDENT_WARPS ? RESIDENT_WARPS * 32 : FMLP_THREADS;
+constexpr int DW_WARPS = {cfg.dw_warps}, SMEM_DW = {cfg.smem_dw};
 
 struct FwdParams {{ const T* x; T* y; const T* w[L]; const T* b[L]; T* z[L]; T* a[L]; long long M; }};
 // z[i]: layer i's saved pre-activation, or its saved activation where the backward takes the
 // derivative from the output (spec.saves_pre_activation(i) false: bwd_act<..., FROM_OUT>)
 struct BwdParams {{ const T* dy; T* dx; const T* z[L]; const T* w[L]; T* dz[L]; float* db[L]; long long M; }};
+struct BwdDwParams {{ const T* dy; T* dx; const T* x; const T* z[L]; const T* a[L]; const T* w[L]; float* dw[L];
+                      float* db[L]; long long M; }};
 """)
     out.append(_resident_kernels(spec, cfg) if cfg.resident_warps else _streamed_kernels(spec, cfg))
-    out.append("""
+    if cfg.dw_warps:
+        out.append(_resident_dw_kernel(spec, cfg))
+    host = """
 }  // namespace fmlp_model
 
 using namespace fmlp_model;
@@ -323,7 +518,9 @@ extern "C" int fmlp_init(int device) {
   if (e) return e;
   e = (int)cudaFuncSetAttribute(fwd_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_FWD);
   if (e) return e;
-  return (int)cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BWD);
+  e = (int)cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BWD);
+  if (e) return e;
+@DW_INIT@  return 0;
 }
 
 extern "C" const char* fmlp_error(int e) { return cudaGetErrorString((cudaError_t)e); }
@@ -395,7 +592,12 @@ extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const*
   bwd_kernel<<<grid, THREADS, SMEM_BWD, static_cast<cudaStream_t>(stream)>>>(p);
   return (int)cudaGetLastError();
 }
-""")
+"""
+    dw_init = ("  e = (int)cudaFuncSetAttribute(bwd_dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_DW);\n"
+               "  if (e) return e;\n")
+    out.append(host.replace("@DW_INIT@", dw_init if cfg.dw_warps else ""))
+    if cfg.dw_warps:
+        out.append(DW_HOST)
     return "".join(out), cfg
 
 

@@ -406,18 +406,20 @@ __device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T*
 // padding columns up to pad16.  FROM_OUT: z points at the saved activation y instead, and the
 // derivative is Act::dfy(y) (activations whose output determines it: ReLU, tanh, ...).
 // ---------------------------------------------------------------------------------------------
-template <class T, class Act, int N, int MT, int SG, bool FROM_OUT = false>
-__device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __restrict__ dz, int64_t wrow0, int64_t M) {
+
+// The general form: zr points at the warp's first row of z (or y) with row stride ZS (global, or
+// a shared tile); DZ_OUT: also write dz to global (dzr: the warp's first row, stride pad8(N)).
+template <class T, class Act, int N, int MT, int SG, bool FROM_OUT, int ZS, bool DZ_OUT>
+__device__ __forceinline__ void bwd_act_rows(T* g, const T* zr, T* __restrict__ dzr, int64_t wrow0, int64_t M) {
   constexpr int NP = pad8(N), V = NP / 8;
   const int lane = threadIdx.x & 31;
   for (int i = lane; i < 16 * MT * V; i += 32) {
     const int r = i / V, c = (i % V) * 8;
-    const int64_t row = wrow0 + r;
     uint4* gp = reinterpret_cast<uint4*>(g + r * SG + c);
     uint4 out = make_uint4(0, 0, 0, 0);
-    if (row < M) {
+    if (wrow0 + r < M) {
       const uint4 gv = *gp;
-      const uint4 zv = *reinterpret_cast<const uint4*>(z + row * NP + c);
+      const uint4 zv = *reinterpret_cast<const uint4*>(zr + (int64_t)r * ZS + c);
       const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
       const uint32_t* zw = reinterpret_cast<const uint32_t*>(&zv);
       uint32_t* ow = reinterpret_cast<uint32_t*>(&out);
@@ -435,12 +437,19 @@ __device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __rest
         }
         ow[e] = Traits<T>::pack(d0, d1);
       }
-      *reinterpret_cast<uint4*>(dz + row * NP + c) = out;
+      if constexpr (DZ_OUT) *reinterpret_cast<uint4*>(dzr + (int64_t)r * NP + c) = out;
     }
     *gp = out;
   }
   zero_cols<T, MT, NP, pad16(NP), SG>(g);
   __syncwarp();
+}
+
+// z and dz in global memory, indexed by absolute row (the kernels without fused weight gradients)
+template <class T, class Act, int N, int MT, int SG, bool FROM_OUT = false>
+__device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __restrict__ dz, int64_t wrow0, int64_t M) {
+  constexpr int NP = pad8(N);
+  bwd_act_rows<T, Act, N, MT, SG, FROM_OUT, NP, true>(g, z + wrow0 * NP, dz + wrow0 * NP, wrow0, M);
 }
 
 // The bias gradient's share of the warp's tile: column sums of dz (in g, rows >= M zero) over its
@@ -525,6 +534,90 @@ __device__ __forceinline__ void bwd_gemm_resident(const T* g, T* out, const T* w
   }
   zero_cols<T, MT, KP, pad16(KP), SG>(out);
   __syncwarp();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight gradients inside the backward kernel (bwd_dw_kernel; docs/experiments/mlp_fused_dw):
+// dW = dz^T . a_prev over the CTA's W warp tiles of 16*MT rows, accumulated in registers across
+// the grid-stride loop, one float32 partial per CTA at the end (summed over CTAs in a fixed
+// order by the host: deterministic).  dW's 16x8 MMA tiles are dealt to the warps in units of
+// one 16-row stripe x G column tiles.
+// ---------------------------------------------------------------------------------------------
+
+// The warp's 16*MT rows x columns [0, CG) of a row-major (M x COLS) global matrix into its
+// shared tile (stride S) with cp.async (the caller commits and waits), columns [COLS, CG) and
+// rows >= M zero.  COLS % 8 != 0 (an input x of odd width) falls back to plain loads.
+template <class T, int ROWS, int COLS, int CG, int S>
+__device__ __forceinline__ void warp_load_rows_async(T* dst, const T* __restrict__ src, int64_t row0, int64_t M) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (COLS % 8 == 0) {
+    constexpr int V = CG / 8;
+    for (int i = lane; i < ROWS * V; i += 32) {
+      const int r = i / V, c = (i % V) * 8;
+      const int64_t g = row0 + r;
+      T* d = dst + r * S + c;
+      if (g < M && c < COLS)
+        cp_async16(d, src + g * COLS + c);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    load_rows<T, ROWS, COLS, CG, S, 32>(dst, src, row0, M, lane);
+  }
+}
+
+// acc[j] (the 16x8 tiles rows [m0, m0+16) x columns [n0 + 8j, n0 + 8j + 8), j < ntiles) +=
+// dz^T . a over W warp tiles: warp s's dz tile at dz + s * WSTRIDE and its a tile at
+// a + s * WSTRIDE (16*MT rows each, row stride SA).  A = dz^T comes from ldmatrix.trans of dz
+// (8x8 blocks at dz rows k, columns m); B = a (rows k, columns n) as warp_gemm's TRANS_B load.
+template <class T, int G, int MT, int W, int SA, int WSTRIDE>
+__device__ __forceinline__ void dw_unit(float (&acc)[G][4], const T* dz, const T* a, int m0, int n0, int ntiles) {
+  const int lane = threadIdx.x & 31;
+  const int m = lane >> 3, r = lane & 7;
+#pragma unroll 1
+  for (int s = 0; s < W; ++s) {
+    const T* dzs = dz + s * WSTRIDE;
+    const T* as = a + s * WSTRIDE;
+#pragma unroll
+    for (int k0 = 0; k0 < 16 * MT; k0 += 16) {
+      uint32_t af[4];
+      ldsm_x4_t(af, dzs + (k0 + r + ((lane >> 4) & 1) * 8) * SA + m0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int j = 0; j < G; j += 2) {
+        if (j < ntiles) {
+          uint32_t bf[4];
+          if (j + 1 < G)
+            ldsm_x4_t(bf, as + (k0 + (m & 1) * 8 + r) * SA + n0 + j * 8 + (m >> 1) * 8);
+          else
+            ldsm_x2_t(bf, as + (k0 + (m & 1) * 8 + r) * SA + n0 + j * 8);
+          Traits<T>::mma(acc[j], af, bf);
+          if (j + 1 < G) Traits<T>::mma(acc[j + 1], af, bf + 2);
+        }
+      }
+    }
+  }
+}
+
+// One unit's accumulators to the CTA's float32 partial of dW (N x K, row-major): rows < N,
+// columns < K.
+template <int G, int N, int K>
+__device__ __forceinline__ void dw_store(const float (&acc)[G][4], float* __restrict__ part, int m0, int n0,
+                                         int ntiles) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    if (j < ntiles) {
+      const int col = n0 + j * 8 + 2 * (lane & 3);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + (lane >> 2) + h * 8;
+        if (row < N) {
+          if (col < K) part[row * K + col] = acc[j][2 * h];
+          if (col + 1 < K) part[row * K + col + 1] = acc[j][2 * h + 1];
+        }
+      }
+    }
+  }
 }
 
 }  // namespace fmlp

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
 from cutlass_ops_gen.mlp import trace_mlp  # noqa: E402
-from cutlass_ops_gen.mlp_emit import choose_config, emit, nvcc_command, resident_layout  # noqa: E402
+from cutlass_ops_gen.mlp_emit import DW_ACC_BUDGET, choose_config, dw_units, emit, nvcc_command, resident_layout  # noqa: E402
 
 SM80, SM86, SM90 = 166912, 101376, 232448
 
@@ -51,6 +51,38 @@ def test_resident_weights_where_they_fit(limit, warps):
     layout, total = resident_layout(spec, 64)
     assert cfg.resident == layout and cfg.smem_fwd == 2 * (total + warps * 2 * 32 * 72) <= limit
     assert choose_config(spec, limit, resident=False).resident_warps == 0
+
+
+@pytest.mark.parametrize("widths", [[32, 64, 64, 64, 64, 64, 16], [57, 127, 1, 84, 3], [1, 1], [2, 33, 33, 3],
+                                    [64, 128, 128, 64]])
+@pytest.mark.parametrize("warps", [4, 8])
+def test_dw_units_cover_each_tile_once(widths, warps):
+    """The fused-dW kernel's units (16-row stripe x G column tiles, unit u to warp u % warps)
+    cover every 16 x 8 tile of each padded dW exactly once, within each warp's register share."""
+    spec = trace_mlp(seq(widths), None)
+    for l, (g, units, per_warp) in zip(spec.layers, dw_units(spec, warps)):
+        mt, nt = -(-l.out_padded // 16), l.in_padded // 8
+        groups = -(-nt // g)
+        assert units == mt * groups and per_warp == -(-units // warps)
+        covered = []
+        for w in range(warps):
+            for u in range(per_warp):
+                unit = w + u * warps
+                if unit < units:
+                    m0, n0 = unit // groups * 16, unit % groups * 8 * g
+                    covered += [(m0, n0 + 8 * j) for j in range(min(g, (l.in_padded - n0) // 8))]
+        assert sorted(covered) == [(16 * m, 8 * n) for m in range(mt) for n in range(nt)]
+
+
+@pytest.mark.parametrize("limit", [SM90, SM80, SM86])
+def test_fused_dw_where_the_gradients_fit_in_registers(limit):
+    """Issue 19's width-64 model gets the fused-dW backward on every arch (4 warps, 152 float32
+    accumulators a thread); the width-128 one does not (its weights are not even resident)."""
+    cfg = choose_config(trace_mlp(seq([32, 64, 64, 64, 64, 64, 16]), None), limit)
+    assert cfg.dw_warps == 4 and cfg.smem_dw <= limit
+    assert sum(g * per_warp * 4 for g, _, per_warp in cfg.dw_units) == 152 <= DW_ACC_BUDGET
+    assert choose_config(trace_mlp(seq([32] + [128] * 6 + [16]), None), limit).dw_warps == 0
+    assert choose_config(trace_mlp(seq([32, 64, 64, 16]), None), limit, resident=False).dw_warps == 0
 
 
 @pytest.mark.parametrize("widths", [[32, 64, 64, 16], [57, 127, 1, 3], [3, 200, 1], [1, 1], [16, 130, 8]])
@@ -101,14 +133,14 @@ NVCC = os.environ.get("CUDACXX") or shutil.which("nvcc") or "/usr/local/cuda/bin
                     reason="no nvcc (or CUTLASS_OPS_SKIP_NVCC=1)")
 def test_nvcc_compiles_one_model(tmp_path):
     """One odd-width model, fp16, sm_80, resident and streamed weights: compiles, three kernels
-    each, no spills (~10 s)."""
+    each (four resident: its weight gradients fit the fused-dW backward), no spills (~10 s)."""
     for resident in (True, False):
         src, cfg = emit(trace_mlp(seq([57, 127, 1, 3], act=nn.GELU), None), "float16", SM80, resident)
-        assert (cfg.resident_warps > 0) == resident
+        assert (cfg.resident_warps > 0) == resident and (cfg.dw_warps > 0) == resident
         (tmp_path / "m.cu").write_text(src)
         cmd = nvcc_command(NVCC, str(tmp_path / "m.cu"), str(tmp_path / "m.so"), "80", verbose_ptxas=True)
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         log = r.stdout + r.stderr
-        assert len(re.findall(r"Compiling entry function", log)) == 3, log
+        assert len(re.findall(r"Compiling entry function", log)) == 3 + resident, log
         assert not re.search(r"[1-9]\d* bytes spill (stores|loads)", log), log
