@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     b.add_argument("--size", type=int, default=224, help="cvt: image height = width (default 224)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None,
-                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP streamed\" (its kernel with streamed weights) and \"FusedMLP dW GEMMs\" (weight gradients as GEMMs over saved dz instead of in the backward kernel))")
+                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP streamed\" (its kernel with streamed weights) and \"FusedMLP fused dW\" (weight gradients inside the backward kernel, CUTLASS_OPS_MLP_FUSED_DW=1))")
     b.add_argument("--merge", action="store_true",
                    help="resnet/train/cvt: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--calls", type=int, default=None,

@@ -27,8 +27,9 @@ Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.custom_op`
   dW_l = dz_l^T a_{l-1}: with ``fused_dw`` the kernel accumulates them itself (per-CTA float32
   partials, summed in a fixed order) and returns them as dw (dz empty); without, it writes dz_l
   and autograd's backward runs the GEMMs over the batch with torch (cuBLAS on CUDA; dw empty).
-  Autograd asks for ``fused_dw`` where the model's kernel has it (resident weights whose dW fits
-  in registers, e.g. width 64; ``CUTLASS_OPS_MLP_FUSED_DW=0`` turns it off).
+  Autograd asks for ``fused_dw`` with ``CUTLASS_OPS_MLP_FUSED_DW=1`` where the model's kernel has
+  it (resident weights whose dW fits in registers, e.g. width 64).  Opt-in: it has run on the CPU
+  emulator (tests/mlp_emulator), not yet on a GPU.
 - Autograd (``register_autograd``), fake impls for torch.compile, CPU impls (the same math and
   rounding points in float32, or float64 for float64 inputs).
 
@@ -222,10 +223,11 @@ class _Kernel:
 
 def _fused_weight_grads(spec: MlpSpec, x: torch.Tensor) -> bool:
     """Whether the backward computes the weight gradients in its kernel (resident models whose dW
-    fits in registers, on CUDA in float16/bfloat16) rather than as GEMMs over saved dz.
-    CUTLASS_OPS_MLP_FUSED_DW=0 keeps the GEMMs (to compare the two); read per call.  Decided from
-    the config alone (no compile), so a torch.compile trace with fake tensors decides the same."""
-    if x.device.type != "cuda" or x.dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_FUSED_DW", "1") == "0":
+    fits in registers, on CUDA in float16/bfloat16) rather than as GEMMs over saved dz.  Opt-in
+    (CUTLASS_OPS_MLP_FUSED_DW=1; read per call) until it has been timed on a GPU: so far it has
+    run on the CPU emulator only (tests/python/test_mlp_emulator.py).  Decided from the config
+    alone (no compile), so a torch.compile trace with fake tensors decides the same."""
+    if x.device.type != "cuda" or x.dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_FUSED_DW", "0") != "1":
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin

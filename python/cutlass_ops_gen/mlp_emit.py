@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
         out.append(_dw_units_loop(l, cfg.dw_units[i], "    ", f"fmlp::dw_unit<T, {g}, MT, DW_WARPS, SA, WSTRIDE>(dw{i}[u], "
                                   f"tiles + {tile[cur]}, tiles + {tile['ta']}, m0, n0, ntiles);"))
         cur, nxt = nxt, cur
-    out.append("""  }
+    out.append("""    __syncthreads();  // the next tile's dy goes into t0, which other warps may still be reading
+  }
   // this CTA's partials: p.dw[l] + blockIdx.x * out * in
 """)
     for i, l in enumerate(layers):
@@ -503,6 +504,7 @@ struct BwdDwParams {{ const T* dy; T* dx; const T* x; const T* z[L]; const T* a[
 
 using namespace fmlp_model;
 
+#ifndef FMLP_EMULATE  // the CUDA host side (tests/mlp_emulator launches the kernels on the CPU itself)
 static int ensure_device(int device) {
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);
@@ -598,6 +600,7 @@ extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const*
     out.append(host.replace("@DW_INIT@", dw_init if cfg.dw_warps else ""))
     if cfg.dw_warps:
         out.append(DW_HOST)
+    out.append("#endif  // FMLP_EMULATE\n")
     return "".join(out), cfg
 
 

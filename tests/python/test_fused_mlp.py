@@ -312,8 +312,9 @@ def test_gpu_resident_and_streamed_weights(name, resident, monkeypatch):
 def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
     """The backward kernel with the weight gradients inside (bwd_dw_kernel): it runs (counted at
     its entry point), its gradients meet the float64 bound at an odd row count, are bitwise the
-    same run to run, and agree with the GEMM path (CUTLASS_OPS_MLP_FUSED_DW=0) up to summation
-    order."""
+    same run to run, and agree with the GEMM path (the default; CUTLASS_OPS_MLP_FUSED_DW=1 opts
+    in) up to summation order."""
+    monkeypatch.setenv("CUTLASS_OPS_MLP_FUSED_DW", "1")
     model, fused, ref_model, x = setup(name, dtype, "cuda", 20011, seed=11)
     assert fused.compile_kernel()["fused_weight_grad_warps"] > 0
     kern = _kernel(fused.key, dtype, torch.device("cuda"))

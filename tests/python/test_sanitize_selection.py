@@ -262,7 +262,7 @@ def test_giou_forward_backward(dtype, form):
 def test_fused_mlp_forward_backward(rows, fused_dw, monkeypatch):
     """A 3-layer MLP with odd widths and two activations, forward and backward (the kernel is
     compiled at first use, outside the sanitized kernels), the weight gradients in the backward
-    kernel or as GEMMs (CUTLASS_OPS_MLP_FUSED_DW=0).  Against the module's own float32 CPU
+    kernel (CUTLASS_OPS_MLP_FUSED_DW=1) or as GEMMs.  Against the module's own float32 CPU
     path, loosely."""
     monkeypatch.setenv("CUTLASS_OPS_MLP_FUSED_DW", "1" if fused_dw else "0")
     torch.manual_seed(rows)

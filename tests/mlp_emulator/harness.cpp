@@ -1,0 +1,67 @@
+// Entry points that run one generated FusedMLP source's kernels on the CPU emulator
+// (fmlp_emulate_prelude.h), with the parameters the real host side (mlp_emit's fmlp_fwd,
+// fmlp_bwd, fmlp_bwd_dw) would pass.  Built by tests/generator/test_mlp_emulator.py:
+//   g++ -DFMLP_EMULATE -DKERNEL_SOURCE='"model.cu"' [-DHAS_BWD_DW] -include fmlp_emulate_prelude.h
+// The grid is the caller's: streamed kernels need ceil(M / BM) CTAs, resident ones any number
+// (a grid-stride loop).  Each returns 0, or 1 on a deadlock.
+#include KERNEL_SOURCE
+
+namespace fmlp_model {
+alignas(16) unsigned char smem[232448];
+}
+
+extern "C" int emu_fwd(int save, const void* x, void* y, const void* const* w, const void* const* b, void* const* z,
+                       void* const* a, long long M, unsigned grid, unsigned seed) {
+  FwdParams p;
+  p.x = static_cast<const T*>(x);
+  p.y = static_cast<T*>(y);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.b[i] = static_cast<const T*>(b[i]);
+    p.z[i] = save ? static_cast<T*>(z[i]) : nullptr;
+    p.a[i] = save ? static_cast<T*>(a[i]) : nullptr;
+  }
+  auto body = [&] {
+    if (save)
+      fwd_kernel<true>(p);
+    else
+      fwd_kernel<false>(p);
+  };
+  return fmlp_emu::launch(body, grid, THREADS, fmlp_model::smem, SMEM_FWD, seed) ? 0 : 1;
+}
+
+extern "C" int emu_bwd(const void* dy, void* dx, const void* const* z, const void* const* w, void* const* dz,
+                       void* const* db, long long M, unsigned grid, unsigned seed) {
+  BwdParams p;
+  p.dy = static_cast<const T*>(dy);
+  p.dx = static_cast<T*>(dx);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.z[i] = static_cast<const T*>(z[i]);
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.dz[i] = static_cast<T*>(dz[i]);
+    p.db[i] = static_cast<float*>(db[i]);
+  }
+  return fmlp_emu::launch([&] { bwd_kernel(p); }, grid, THREADS, fmlp_model::smem, SMEM_BWD, seed) ? 0 : 1;
+}
+
+#ifdef HAS_BWD_DW
+extern "C" int emu_bwd_dw(const void* dy, void* dx, const void* x, const void* const* z, const void* const* a,
+                          const void* const* w, void* const* dw, void* const* db, long long M, unsigned grid,
+                          unsigned seed) {
+  BwdDwParams p;
+  p.dy = static_cast<const T*>(dy);
+  p.dx = static_cast<T*>(dx);
+  p.x = static_cast<const T*>(x);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.z[i] = static_cast<const T*>(z[i]);
+    p.a[i] = static_cast<const T*>(a[i]);
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.dw[i] = static_cast<float*>(dw[i]);
+    p.db[i] = static_cast<float*>(db[i]);
+  }
+  return fmlp_emu::launch([&] { bwd_dw_kernel(p); }, grid, DW_WARPS * 32, fmlp_model::smem, SMEM_DW, seed) ? 0 : 1;
+}
+#endif
