@@ -149,7 +149,8 @@ class _Kernel:
                                f"{torch.cuda.get_device_name(index)} is sm_{major}{minor}")
         self.arch = f"{major}{minor}"
         smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-        self.source, self.config = mlp_emit.emit(spec, _CUDA_DTYPES[dtype], smem, resident=_resident_allowed())
+        self.source, self.config = mlp_emit.emit(spec, _CUDA_DTYPES[dtype], smem, resident=_resident_allowed(),
+                                                 inplace=_inplace_allowed())
         self.compile_seconds = None
         aot = aot_library(self.source, self.arch)
         self.ahead_of_time = aot is not None
@@ -216,6 +217,7 @@ class _Kernel:
                 "load_seconds": self.load_seconds,
                 # resident weights: warps per CTA (each on its own rows_per_tile rows); 0: streamed
                 "resident_warps": self.config.resident_warps, "rows_per_tile": self.config.bm,
+                "inplace": self.config.inplace,
                 "smem_fwd": self.config.smem_fwd, "smem_bwd": self.config.smem_bwd,
                 # > 0: the weight gradients come from the backward kernel (warps per CTA)
                 "fused_weight_grad_warps": self.config.dw_warps, "smem_bwd_dw": self.config.smem_dw}
@@ -231,7 +233,15 @@ def _fused_weight_grads(spec: MlpSpec, x: torch.Tensor) -> bool:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-    return mlp_emit.choose_config(spec, smem, resident=_resident_allowed()).dw_warps > 0
+    return mlp_emit.choose_config(spec, smem, resident=_resident_allowed(), inplace=_inplace_allowed()).dw_warps > 0
+
+
+def _inplace_allowed() -> bool:
+    """CUTLASS_OPS_MLP_INPLACE=1: models whose weights fit in shared memory beside one activation
+    tile per warp but not two (e.g. 32-128x6-16 on sm90) keep them resident and compute each
+    layer in place, instead of streaming them.  Opt-in until timed on a GPU (so far run on the
+    CPU emulator only); read per call, both kernels cached side by side."""
+    return os.environ.get("CUTLASS_OPS_MLP_INPLACE", "0") == "1"
 
 
 def _resident_allowed() -> bool:
@@ -246,7 +256,7 @@ _LOCK = threading.Lock()
 
 def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    k = (key, dtype, index, _resident_allowed())
+    k = (key, dtype, index, _resident_allowed(), _inplace_allowed())
     kern = _KERNELS.get(k)
     if kern is None:
         with _LOCK:

@@ -51,6 +51,7 @@ def chain(widths, act, last=None, bias=True):
 def specs(quick: bool):
     out = [
         ("relu_64x4", chain([32, 64, 64, 64, 64, 16], nn.ReLU())),
+        ("relu_128x6", chain([32] + [128] * 6 + [16], nn.ReLU())),
         ("odd_widths", chain([57, 127, 1, 256, 3], nn.GELU(), last=nn.Sigmoid())),
         ("siren_256", chain([3, 256, 256, 256, 256, 1], Act(lambda x: x.mul(30).sin()))),
     ]
@@ -86,7 +87,8 @@ def main() -> int:
         spec = trace_mlp(model, None)
         for dtype in dtypes:
             for arch in archs:
-                src, cfg = emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")])
+                # inplace: the kernel shape CUTLASS_OPS_MLP_INPLACE=1 opts into (relu_128x6 on sm90)
+                src, cfg = emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")], inplace=True)
                 base = os.path.join(work, f"{name}_{dtype}_sm{arch}")
                 with open(base + ".cu", "w") as f:
                     f.write(src)

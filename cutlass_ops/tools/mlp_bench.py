@@ -50,10 +50,12 @@ BATCHES = [2 ** 14, 2 ** 18, 2 ** 21]
 SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
 # FusedMLP variants, for comparison, by the switch each runs under (read per call, forward and
 # backward): streamed weights where the default keeps them resident in shared memory (mlp_emit),
-# and the weight gradients inside the backward kernel (opt-in, not yet timed) where the default
-# runs them as GEMMs over saved dz.
+# the weight gradients inside the backward kernel (opt-in, not yet timed) where the default
+# runs them as GEMMs over saved dz, and resident in-place layers (opt-in, not yet timed) where
+# the default streams the weights of models too wide for two tiles per warp.
 VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
-            "FusedMLP fused dW": ("CUTLASS_OPS_MLP_FUSED_DW", "1")}
+            "FusedMLP fused dW": ("CUTLASS_OPS_MLP_FUSED_DW", "1"),
+            "FusedMLP in-place": ("CUTLASS_OPS_MLP_INPLACE", "1")}
 OPTIONAL_SYSTEMS = list(VARIANTS)
 
 
@@ -117,7 +119,7 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                         if system.startswith("FusedMLP"):
                             r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
                                      cache_hit=extra.get("cache_hit"), resident_warps=extra.get("resident_warps"),
-                                     rows_per_tile=extra.get("rows_per_tile"),
+                                     rows_per_tile=extra.get("rows_per_tile"), inplace=extra.get("inplace"),
                                      fused_weight_grads=system == "FusedMLP fused dW"
                                      and bool(extra.get("fused_weight_grad_warps")))
                     except Exception as e:  # noqa: BLE001 - reported, the others still run

@@ -17,9 +17,11 @@ and one dtype (float16 or bfloat16):
 - Two shapes of both kernels (``Config.resident_warps``): where every layer's weight fits in
   shared memory beside the warps' activation tiles, the weights are loaded once per CTA and stay
   (``fwd_layer_resident``): CTAs of 4-16 warps, as many as fit on the GPU, each warp taking
-  32-row tiles from a grid-stride loop with no block barrier after the weight load.  Otherwise
-  (wide models) the weight streams through shared memory chunk by chunk for each 128-row CTA
-  (``fwd_layer``).
+  32-row tiles from a grid-stride loop with no block barrier after the weight load; where two
+  tiles per warp do not fit but one does (widths up to 128, e.g. 32-128x6-16 on sm90), each
+  layer computes in place (``Config.inplace``: its input's A fragments in registers first).
+  Otherwise (wide models) the weight streams through shared memory chunk by chunk for each
+  128-row CTA (``fwd_layer``).
 - ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``)
   that the Python side calls through ctypes, with the CUDA stream to launch on.
 
@@ -67,6 +69,7 @@ class Config:
     dw_warps: int = 0         # > 0: bwd_dw_kernel (weight gradients fused) with this many warps per CTA
     dw_units: tuple = ()      # per layer (G, units, units per warp): dW dealt in 16 x 8G stripes
     smem_dw: int = 0
+    inplace: bool = False     # resident with one tile per warp: each layer overwrites its input
 
     @property
     def bm(self) -> int:
@@ -76,6 +79,9 @@ class Config:
 
 RESIDENT_WARPS = (16, 12, 8, 4)
 RESIDENT_MT = 2  # 32-row warp tiles
+# In-place resident layers hold their input's A fragments in registers: K / 16 x MT x 4 of them
+# (64 at K = 128), so only models no wider than this get them.
+INPLACE_MAX_K = 128
 
 
 def resident_layout(spec: MlpSpec, nc: int) -> tuple[tuple, int]:
@@ -129,11 +135,13 @@ def choose_dw(spec: MlpSpec, total: int, sa: int, smem_limit: int) -> tuple[int,
     return 0, (), 0
 
 
-def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True) -> Config:
+def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True, inplace: bool = False) -> Config:
     """Resident weights with the most warps that fit ``smem_limit`` bytes (a GPU's opt-in
-    per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89), at least 4; else (or
-    with ``resident=False``) streamed weights with the largest row tile and weight chunk that fit.
-    Resident models whose weight gradients fit in registers also get the fused-dW backward."""
+    per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89), at least 4; with
+    ``inplace``, where two tiles per warp do not fit, resident with one tile per warp computed in
+    place (not yet timed on a GPU, so not the default); else (or with ``resident=False``)
+    streamed weights with the largest row tile and weight chunk that fit.  Resident models whose
+    weight gradients fit in registers also get the fused-dW backward."""
     widths = [spec.in_features] + [l.out_features for l in spec.layers]
     sa = pad16(max(padded(w) for w in widths)) + 8
     if resident:
@@ -143,6 +151,12 @@ def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True) -> Conf
             if smem <= smem_limit:
                 dw_warps, units, smem_dw = choose_dw(spec, total, sa, smem_limit)
                 return Config(RESIDENT_MT, 64, sa, 0, 0, 0, 0, smem, smem, warps, layout, dw_warps, units, smem_dw)
+        # one tile per warp (e.g. 32-128x6-16: 184 KB of weights): 4 warps still fit on sm90
+        if inplace and max(max(pad16(l.in_padded), pad16(l.out_padded)) for l in spec.layers) <= INPLACE_MAX_K:
+            for warps in RESIDENT_WARPS:
+                smem = 2 * (total + warps * 16 * RESIDENT_MT * sa)
+                if smem <= smem_limit:
+                    return Config(RESIDENT_MT, 64, sa, 0, 0, 0, 0, smem, smem, warps, layout, inplace=True)
     kmax = max(pad16(l.in_padded) for l in spec.layers)
     nmax = max(l.out_padded for l in spec.layers)
     kpmax = max(l.in_padded for l in spec.layers)
@@ -268,8 +282,8 @@ def _resident_kernels(spec: MlpSpec, cfg: Config) -> str:
   fmlp::cp_wait<0>();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  T* t0 = wres + {total} + warp * 2 * BM * SA;
-  T* t1 = t0 + BM * SA;
+  T* t0 = wres + {total} + warp * {1 if cfg.inplace else 2} * BM * SA;
+  T* t1 = {"t0;  // in place: one tile per warp" if cfg.inplace else "t0 + BM * SA;"}
   const int64_t tiles = (p.M + BM - 1) / BM;
 #pragma unroll 1
   for (int64_t t = (int64_t)blockIdx.x * RESIDENT_WARPS + warp; t < tiles; t += (int64_t)gridDim.x * RESIDENT_WARPS) {{
@@ -283,8 +297,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_kernel(const FwdParams p) {{
 """]
     for i, (off, _, stride) in enumerate(cfg.resident):
         src, dst = ("t0", "t1") if i % 2 == 0 else ("t1", "t0")
-        out.append(f"    fmlp::fwd_layer_resident<{_fwd_layer_args(spec, i)}, {stride}>({src}, {dst}, wres + {off}, "
-                   f"p.b[{i}], p.z[{i}], p.a[{i}], wrow0, p.M);\n")
+        out.append(f"    fmlp::fwd_layer_resident<{_fwd_layer_args(spec, i)}, {stride}, {_cbool(cfg.inplace)}>("
+                   f"{src}, {dst}, wres + {off}, p.b[{i}], p.z[{i}], p.a[{i}], wrow0, p.M);\n")
     last = "t1" if L % 2 == 1 else "t0"
     out.append(f"""    fmlp::store_rows<T, BM, {nl}, SA, 32>(p.y, {last}, wrow0, p.M, lane);
     __syncwarp();
@@ -300,8 +314,8 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_kernel(const BwdParams p) {{
         l = layers[i]
         off, rows, stride = cfg.resident[i]
         out.append(_bwd_elementwise(spec, i, cur, "    "))
-        gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
-                f"wres + {off});")
+        gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}, "
+                f"{_cbool(cfg.inplace)}>({cur}, {nxt}, wres + {off});")
         if i > 0:
             out.append(f"    {gemm}\n")
         else:
@@ -467,12 +481,14 @@ extern "C" int fmlp_bwd_dw(int device, const void* dy, void* dx, const void* x, 
 """
 
 
-def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True) -> tuple[str, Config]:
+def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True,
+         inplace: bool = False) -> tuple[str, Config]:
     """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config
-    (``resident=False``: streamed weights even where they would fit)."""
+    (``resident=False``: streamed weights even where they would fit; ``inplace``: see
+    choose_config)."""
     if dtype not in CTYPES:
         raise ValueError(f"FusedMLP kernels exist for float16 and bfloat16, not {dtype}")
-    cfg = choose_config(spec, smem_limit, resident)
+    cfg = choose_config(spec, smem_limit, resident, inplace)
     layers = spec.layers
     L = len(layers)
     out = [f"// FusedMLP kernel generated by cutlass_ops_gen.mlp_emit (version {EMITTER_VERSION})\n"

@@ -225,46 +225,81 @@ __device__ __forceinline__ void load_w_resident(T* ws, const T* __restrict__ W) 
 // TRANS_B = false: B from ws[n][k] (forward, W as stored); true: from ws[k][n] (backward).
 // Only the first `ntiles` n8 tiles are computed (uniform across the warp).
 // ---------------------------------------------------------------------------------------------
-template <class T, int MT, int NC, int KG, int SA, int SW, bool TRANS_B>
-__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NC / 8][4], const T* a, const T* ws, int ntiles) {
+
+// one k16 step: acc += af (the A fragments of columns [k0, k0 + 16)) x B's rows k0..k0+15
+template <class T, int MT, int NC, int SW, bool TRANS_B>
+__device__ __forceinline__ void mma_k16(float (&acc)[MT][NC / 8][4], const uint32_t (&af)[MT][4], const T* ws, int k0,
+                                        int ntiles) {
   const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < NC / 8; j += 2) {
+    if (j < ntiles) {
+      uint32_t bf[4];
+      const int m = lane >> 3, r = lane & 7;
+      if constexpr (!TRANS_B) {
+        if (j + 1 < NC / 8)
+          ldsm_x4(bf, ws + (j * 8 + (m >> 1) * 8 + r) * SW + k0 + (m & 1) * 8);
+        else
+          ldsm_x2(bf, ws + (j * 8 + r) * SW + k0 + (m & 1) * 8);
+      } else {
+        if (j + 1 < NC / 8)
+          ldsm_x4_t(bf, ws + (k0 + (m & 1) * 8 + r) * SW + j * 8 + (m >> 1) * 8);
+        else
+          ldsm_x2_t(bf, ws + (k0 + (m & 1) * 8 + r) * SW + j * 8);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Traits<T>::mma(acc[mt][j], af[mt], bf);
+        if (j + 1 < NC / 8) Traits<T>::mma(acc[mt][j + 1], af[mt], bf + 2);
+      }
+    }
+  }
+}
+
+template <class T, int MT, int NC>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NC / 8][4]) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int j = 0; j < NC / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+}
 
+// the A fragments of columns [k0, k0 + 16) of the warp's rows (tile stride SA)
+template <class T, int MT, int SA>
+__device__ __forceinline__ void load_a_k16(uint32_t (&af)[MT][4], const T* a, int k0) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) ldsm_x4(af[mt], a + (mt * 16 + (lane & 15)) * SA + k0 + (lane >> 4) * 8);
+}
+
+// A from shared memory, k16 step by k16 step
+template <class T, int MT, int NC, int KG, int SA, int SW, bool TRANS_B>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NC / 8][4], const T* a, const T* ws, int ntiles) {
+  zero_acc<T, MT, NC>(acc);
 #pragma unroll 2
   for (int k0 = 0; k0 < KG; k0 += 16) {
     uint32_t af[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      ldsm_x4(af[mt], a + (mt * 16 + (lane & 15)) * SA + k0 + (lane >> 4) * 8);
-#pragma unroll
-    for (int j = 0; j < NC / 8; j += 2) {
-      if (j < ntiles) {
-        uint32_t bf[4];
-        const int m = lane >> 3, r = lane & 7;
-        if constexpr (!TRANS_B) {
-          if (j + 1 < NC / 8)
-            ldsm_x4(bf, ws + (j * 8 + (m >> 1) * 8 + r) * SW + k0 + (m & 1) * 8);
-          else
-            ldsm_x2(bf, ws + (j * 8 + r) * SW + k0 + (m & 1) * 8);
-        } else {
-          if (j + 1 < NC / 8)
-            ldsm_x4_t(bf, ws + (k0 + (m & 1) * 8 + r) * SW + j * 8 + (m >> 1) * 8);
-          else
-            ldsm_x2_t(bf, ws + (k0 + (m & 1) * 8 + r) * SW + j * 8);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          Traits<T>::mma(acc[mt][j], af[mt], bf);
-          if (j + 1 < NC / 8) Traits<T>::mma(acc[mt][j + 1], af[mt], bf + 2);
-        }
-      }
-    }
+    load_a_k16<T, MT, SA>(af, a, k0);
+    mma_k16<T, MT, NC, SW, TRANS_B>(acc, af, ws, k0, ntiles);
   }
+}
+
+// A from registers (load_a_all): the in-place layers, whose output overwrites their input tile
+template <class T, int MT, int KG, int SA>
+__device__ __forceinline__ void load_a_all(uint32_t (&af)[KG / 16][MT][4], const T* a) {
+#pragma unroll
+  for (int ks = 0; ks < KG / 16; ++ks) load_a_k16<T, MT, SA>(af[ks], a, ks * 16);
+  __syncwarp();  // every lane has read the tile before any lane writes it
+}
+
+template <class T, int MT, int NC, int KG, int SW, bool TRANS_B>
+__device__ __forceinline__ void warp_gemm_regs(float (&acc)[MT][NC / 8][4], const uint32_t (&af)[KG / 16][MT][4],
+                                               const T* ws, int ntiles) {
+  zero_acc<T, MT, NC>(acc);
+#pragma unroll
+  for (int ks = 0; ks < KG / 16; ++ks) mma_k16<T, MT, NC, SW, TRANS_B>(acc, af[ks], ws, ks * 16, ntiles);
 }
 
 // zero columns [C0, C1) of the warp's rows (the 16-column GEMM padding of a layer's output)
@@ -387,20 +422,34 @@ __device__ __forceinline__ void fwd_layer(const T* in, T* out, T* wb0, T* wb1, c
 }
 
 // Resident weight: ws holds the whole W (load_w_resident), so the warp runs on its own: no
-// barrier, no copy.
+// barrier, no copy.  INPLACE: out == in (one tile per warp, where two do not fit beside the
+// weights): the input's A fragments go to registers first (KG / 16 x MT x 4 of them).
 template <class T, class Act, int K, int N, bool BIAS, bool SAVE, bool Z_OUT, bool A_OUT, int MT, int NC, int SA,
-          int SW>
+          int SW, bool INPLACE = false>
 __device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T* ws, const T* __restrict__ bias,
                                                    T* __restrict__ zsave, T* __restrict__ asave, int64_t wrow0,
                                                    int64_t M) {
   constexpr int KG = pad16(K), NP = pad8(N), NCL = cmin(NC, NP), NCH = (NP + NCL - 1) / NCL;
+  if constexpr (INPLACE) {
+    uint32_t af[KG / 16][MT][4];
+    load_a_all<T, MT, KG, SA>(af, in);
 #pragma unroll 1
-  for (int c = 0; c < NCH; ++c) {
-    const int n0 = c * NCL;
-    const int ntiles = cmin(NCL, NP - n0) / 8;
-    float acc[MT][NCL / 8][4];
-    warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, ws + n0 * SW, ntiles);
-    fwd_chunk<T, Act, N, BIAS, SAVE && Z_OUT, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
+    for (int c = 0; c < NCH; ++c) {
+      const int n0 = c * NCL;
+      const int ntiles = cmin(NCL, NP - n0) / 8;
+      float acc[MT][NCL / 8][4];
+      warp_gemm_regs<T, MT, NCL, KG, SW, false>(acc, af, ws + n0 * SW, ntiles);
+      fwd_chunk<T, Act, N, BIAS, SAVE && Z_OUT, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
+    }
+  } else {
+#pragma unroll 1
+    for (int c = 0; c < NCH; ++c) {
+      const int n0 = c * NCL;
+      const int ntiles = cmin(NCL, NP - n0) / 8;
+      float acc[MT][NCL / 8][4];
+      warp_gemm<T, MT, NCL, KG, SA, SW, false>(acc, in, ws + n0 * SW, ntiles);
+      fwd_chunk<T, Act, N, BIAS, SAVE && Z_OUT, MT, NCL, SA>(acc, out, bias, zsave, n0, ntiles, wrow0, M);
+    }
   }
   zero_cols<T, MT, NP, pad16(NP), SA>(out);
   __syncwarp();
@@ -527,17 +576,30 @@ __device__ __forceinline__ void bwd_gemm(const T* g, T* out, T* wb0, T* wb1, con
   __syncwarp();
 }
 
-// resident weight (as fwd_layer_resident): ws holds W whole, row stride SW
-template <class T, int K, int N, int MT, int NC, int SG, int SW>
+// resident weight (as fwd_layer_resident): ws holds W whole, row stride SW; INPLACE: out == g
+template <class T, int K, int N, int MT, int NC, int SG, int SW, bool INPLACE = false>
 __device__ __forceinline__ void bwd_gemm_resident(const T* g, T* out, const T* ws) {
   constexpr int JG = pad16(pad8(N)), KP = pad8(K), NCL = cmin(NC, KP), NCH = (KP + NCL - 1) / NCL;
+  if constexpr (INPLACE) {
+    uint32_t af[JG / 16][MT][4];
+    load_a_all<T, MT, JG, SG>(af, g);
 #pragma unroll 1
-  for (int c = 0; c < NCH; ++c) {
-    const int i0 = c * NCL;
-    const int ntiles = cmin(NCL, KP - i0) / 8;
-    float acc[MT][NCL / 8][4];
-    warp_gemm<T, MT, NCL, JG, SG, SW, true>(acc, g, ws + i0, ntiles);
-    bwd_store<T, MT, NCL, SG>(acc, out, i0, ntiles);
+    for (int c = 0; c < NCH; ++c) {
+      const int i0 = c * NCL;
+      const int ntiles = cmin(NCL, KP - i0) / 8;
+      float acc[MT][NCL / 8][4];
+      warp_gemm_regs<T, MT, NCL, JG, SW, true>(acc, af, ws + i0, ntiles);
+      bwd_store<T, MT, NCL, SG>(acc, out, i0, ntiles);
+    }
+  } else {
+#pragma unroll 1
+    for (int c = 0; c < NCH; ++c) {
+      const int i0 = c * NCL;
+      const int ntiles = cmin(NCL, KP - i0) / 8;
+      float acc[MT][NCL / 8][4];
+      warp_gemm<T, MT, NCL, JG, SG, SW, true>(acc, g, ws + i0, ntiles);
+      bwd_store<T, MT, NCL, SG>(acc, out, i0, ntiles);
+    }
   }
   zero_cols<T, MT, KP, pad16(KP), SG>(out);
   __syncwarp();

@@ -74,6 +74,23 @@ def test_dw_units_cover_each_tile_once(widths, warps):
         assert sorted(covered) == [(16 * m, 8 * n) for m in range(mt) for n in range(nt)]
 
 
+def test_inplace_resident_where_one_tile_per_warp_fits():
+    """Issue 19's width-128 model: its 184 KB of weights leave room for 4 warps' single tiles on
+    sm90 (not two each), so inplace=True keeps them resident (one tile per warp, each layer
+    overwriting its input); by default, and where even that does not fit, they stream."""
+    spec = trace_mlp(seq([32] + [128] * 6 + [16]), None)
+    assert choose_config(spec, SM90).resident_warps == 0
+    cfg = choose_config(spec, SM90, inplace=True)
+    assert cfg.inplace and cfg.resident_warps == 4 and cfg.smem_fwd == 2 * (resident_layout(spec, 64)[1] + 4 * 32 * 136)
+    assert cfg.smem_fwd <= SM90 and cfg.dw_warps == 0
+    assert choose_config(spec, SM80, inplace=True).resident_warps == 0
+    # wider than 128 (the A fragments in registers): never in place, though one tile per warp
+    # would fit beside these 175 KB of weights
+    wide = trace_mlp(seq([32, 144, 144, 144, 16]), None)
+    assert resident_layout(wide, 64)[1] * 2 + 4 * 32 * 152 * 2 <= SM90
+    assert choose_config(wide, SM90, inplace=True).resident_warps == 0
+
+
 @pytest.mark.parametrize("limit", [SM90, SM80, SM86])
 def test_fused_dw_where_the_gradients_fit_in_registers(limit):
     """Issue 19's width-64 model gets the fused-dW backward on every arch (4 warps, 152 float32

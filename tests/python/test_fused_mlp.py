@@ -58,6 +58,7 @@ def _siren_init(lin, i):
 # the issue's four models, plus odd widths and other activations
 MODELS = {
     "relu_32_64x5_16": lambda: chain([32, 64, 64, 64, 64, 64, 16], nn.ReLU()),
+    "relu_32_128x6_16": lambda: chain([32] + [128] * 6 + [16], nn.ReLU()),   # resident in place on sm90
     "siren_3_256x4_1": lambda: chain([3, 256, 256, 256, 256, 1], Act(lambda x: torch.sin(30 * x)), init=_siren_init),
     "gelu_64_128x3_64": lambda: chain([64, 128, 128, 128, 64], nn.GELU()),
     "tanh_2_32x2_3": lambda: chain([2, 32, 32, 3], nn.Tanh()),
@@ -288,16 +289,21 @@ def test_gpu_backward_vs_float64(name, dtype, rows):
 
 
 @gpu
-@pytest.mark.parametrize("name", ["relu_32_64x5_16", "odd_57_127_1_84_3"])
+@pytest.mark.parametrize("name", ["relu_32_64x5_16", "odd_57_127_1_84_3", "relu_32_128x6_16"])
 @pytest.mark.parametrize("resident", [True, False])
 def test_gpu_resident_and_streamed_weights(name, resident, monkeypatch):
     """The same models on both kernel shapes (mlp_emit: weights resident in shared memory, or
-    streamed per 128-row CTA; CUTLASS_OPS_MLP_RESIDENT=0 forces streamed): forward at an odd row
-    count that leaves warps without a tile, and the gradients, against float64."""
+    streamed per 128-row CTA; CUTLASS_OPS_MLP_RESIDENT=0 forces streamed; the width-128 model is
+    resident only in place, CUTLASS_OPS_MLP_INPLACE=1, on sm90): forward at an odd row count that
+    leaves warps without a tile, and the gradients, against float64."""
     monkeypatch.setenv("CUTLASS_OPS_MLP_RESIDENT", "1" if resident else "0")
+    monkeypatch.setenv("CUTLASS_OPS_MLP_INPLACE", "1")
     model, fused, ref_model, x = setup(name, torch.float16, "cuda", 100003, seed=7)
     info = fused.compile_kernel()
+    if name == "relu_32_128x6_16" and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 223488:
+        pytest.skip("its weights and one tile per warp need sm90's shared memory")
     assert (info["resident_warps"] > 0) == resident, info
+    assert info["inplace"] == (resident and name == "relu_32_128x6_16"), info
     with torch.no_grad():
         y = fused(x.cuda())
         ref = ref_model(x.double())

@@ -59,6 +59,7 @@ def chain(widths, act, last=None, bias=True):
 
 MODELS = {
     "relu_32_64x5_16": lambda: chain([32, 64, 64, 64, 64, 64, 16], nn.ReLU()),
+    "relu_32_128x6_16": lambda: chain([32] + [128] * 6 + [16], nn.ReLU()),   # in place on sm90
     "gelu_19_57_40_7": lambda: chain([19, 57, 40, 7], nn.GELU(), last=nn.Tanh()),
     "odd_57_127_1_84_3": lambda: chain([57, 127, 1, 84, 3], nn.SiLU(), last=nn.Sigmoid()),
     "nobias_softplus_5_24_24_2": lambda: chain([5, 24, 24, 2], nn.Softplus(), bias=False),
@@ -114,7 +115,7 @@ class Case:
         torch.manual_seed(seed)
         self.model = model = MODELS[name]().to(dtype)
         self.spec = spec = trace_mlp(model, None)
-        self.src, self.cfg = emit(spec, DTYPES[dtype], smem, resident)
+        self.src, self.cfg = emit(spec, DTYPES[dtype], smem, resident, inplace=True)
         self.lib = build(self.src, self.cfg.dw_warps > 0, work)
         self.dtype, self.M = dtype, rows
         self.L = len(spec.layers)
@@ -202,6 +203,7 @@ def test_forward_and_backward_kernels(name, dtype, resident, work):
     same numbers as the op's CPU path, the float64 bound, untouched guards, schedule-independent."""
     case = Case(name, dtype, 300, resident, work)
     assert (case.cfg.resident_warps > 0) == resident
+    assert case.cfg.inplace == (resident and name == "relu_32_128x6_16")
     y, _, _ = case.forward(False, seed=0)
     y2, zs, acts = case.forward(True, seed=7)
     assert torch.equal(y, y2)  # no race: another schedule, the same bits
