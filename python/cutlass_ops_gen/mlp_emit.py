@@ -557,7 +557,8 @@ static int grid_size(Kernel kernel, int smem, int device, long long M, unsigned*
   if (e) return e;
   e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
   if (e) return e;
-  const long long ctas = (tiles + RESIDENT_WARPS - 1) / RESIDENT_WARPS, most = (long long)sms * (per_sm > 0 ? per_sm : 1);
+  constexpr long long warps = RESIDENT_WARPS > 0 ? RESIDENT_WARPS : 1;  // (streamed returned above)
+  const long long ctas = (tiles + warps - 1) / warps, most = (long long)sms * (per_sm > 0 ? per_sm : 1);
   *grid = (unsigned)(ctas < most ? ctas : most);
   return 0;
 }
