@@ -252,6 +252,7 @@ def _resident_allowed() -> bool:
 
 _KERNELS: dict[tuple, _Kernel] = {}
 _LOCK = threading.Lock()
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
 
 
 def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
@@ -259,7 +260,10 @@ def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
     k = (key, dtype, index, _resident_allowed(), _inplace_allowed())
     kern = _KERNELS.get(k)
     if kern is None:
+        # one lock per kernel: threads compiling different models run their nvcc side by side
         with _LOCK:
+            lock = _KEY_LOCKS.setdefault(k, threading.Lock())
+        with lock:
             kern = _KERNELS.get(k)
             if kern is None:
                 kern = _KERNELS[k] = _Kernel(_spec(key), dtype, torch.device("cuda", index))

@@ -354,8 +354,8 @@ def _resident_dw_kernel(spec: MlpSpec, cfg: Config) -> str:
     k0, nl = spec.in_features, spec.out_features
     total = sum(rows * stride for _, rows, stride in cfg.resident)
     tile = {"t0": "0", "t1": "BM * SA", "ta": "2 * BM * SA"}
-    out = [f"""
-__global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_kernel(const BwdDwParams p) {{
+    out = ["""
+__global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_kernel(const BwdDwParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   T* wres = reinterpret_cast<T*>(smem);
 """]
@@ -374,8 +374,8 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
 """)
     for i, (g, units, per_warp) in enumerate(cfg.dw_units):
         out.append(f"  float dw{i}[{per_warp}][{g}][4];  // layer {i}: {units} units of 16 x {8 * g}\n")
-    out.append(f"""#pragma unroll
-  for (int e = 0; e < 4; ++e) {{
+    out.append("""#pragma unroll
+  for (int e = 0; e < 4; ++e) {
 """)
     for i, (g, units, per_warp) in enumerate(cfg.dw_units):
         out.append(f"    for (int u = 0; u < {per_warp}; ++u)\n      for (int j = 0; j < {g}; ++j) dw{i}[u][j][e] = 0.0f;\n")
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
         else:
             out.append(f"    if (p.dx != nullptr) {{\n      {gemm}\n"
                        f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
-        out.append(f"    fmlp::cp_wait<0>();\n    __syncthreads();\n")
+        out.append("    fmlp::cp_wait<0>();\n    __syncthreads();\n")
         out.append(_dw_units_loop(l, cfg.dw_units[i], "    ", f"fmlp::dw_unit<T, {g}, MT, DW_WARPS, SA, WSTRIDE>(dw{i}[u], "
                                   f"tiles + {tile[cur]}, tiles + {tile['ta']}, m0, n0, ntiles);"))
         cur, nxt = nxt, cur
