@@ -22,8 +22,14 @@ and one dtype (float16 or bfloat16):
   layer computes in place (``Config.inplace``: its input's A fragments in registers first).
   Otherwise (wide models) the weight streams through shared memory chunk by chunk for each
   128-row CTA (``fwd_layer``).
-- ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``)
-  that the Python side calls through ctypes, with the CUDA stream to launch on.
+- ``bwd_dw_kernel`` (resident models whose weight gradients fit in registers, ``Config.dw_warps``):
+  the backward with dW_l = dz_l^T a_(l-1) accumulated in the kernel over each CTA's rows and
+  written as one float32 partial per CTA, so no dz goes to global memory
+  (docs/experiments/mlp_fused_dw).
+- ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``;
+  ``fmlp_bwd_dw`` and ``fmlp_bwd_dw_ctas`` with bwd_dw_kernel) that the Python side calls
+  through ctypes, with the CUDA stream to launch on.  Under ``FMLP_EMULATE`` the host side drops
+  out and the kernels build with g++ for the CPU emulator (tests/mlp_emulator).
 
 No torch and no CUTLASS headers are needed: the MMA is inline PTX (``mma.sync.m16n8k16``), which
 keeps a model's first-use compile to seconds.  Runs on sm_80 and newer (sm_90 included).
@@ -349,7 +355,8 @@ def _resident_dw_kernel(spec: MlpSpec, cfg: Config) -> str:
     first) each warp: dz = g * act'(.) (from the a_l tile already in shared memory where the
     derivative comes from the output), a barrier, cp.async of a_(l-1) (x for the first layer)
     into its a tile while it computes g = dz . W_l, a barrier, then every warp its units of
-    dW_l over all the CTA's rows.  Each CTA writes its dW partials at the end."""
+    dW_l over all the CTA's rows; a barrier ends the tile.  Each CTA writes its dW partials at
+    the end."""
     layers, L = spec.layers, len(spec.layers)
     k0, nl = spec.in_features, spec.out_features
     total = sum(rows * stride for _, rows, stride in cfg.resident)
@@ -378,7 +385,8 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
   for (int e = 0; e < 4; ++e) {
 """)
     for i, (g, units, per_warp) in enumerate(cfg.dw_units):
-        out.append(f"    for (int u = 0; u < {per_warp}; ++u)\n      for (int j = 0; j < {g}; ++j) dw{i}[u][j][e] = 0.0f;\n")
+        out.append(f"    for (int u = 0; u < {per_warp}; ++u)\n"
+                   f"      for (int j = 0; j < {g}; ++j) dw{i}[u][j][e] = 0.0f;\n")
     out.append(f"""  }}
   const int64_t ctiles = (p.M + DW_WARPS * BM - 1) / (DW_WARPS * BM);
 #pragma unroll 1
@@ -402,8 +410,8 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
             out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
         src, cols = ("p.x", k0) if i == 0 else (f"p.a[{i - 1}]", l.in_padded)
         out.append(f"    __syncthreads();  // every warp is done with the tiles of layer {i + 1}'s dW\n"
-                   f"    fmlp::warp_load_rows_async<T, BM, {cols}, fmlp::pad16({l.in_padded}), SA>(ta, {src}, wrow0, p.M);\n"
-                   f"    fmlp::cp_commit();\n")
+                   f"    fmlp::warp_load_rows_async<T, BM, {cols}, fmlp::pad16({l.in_padded}), SA>"
+                   f"(ta, {src}, wrow0, p.M);\n    fmlp::cp_commit();\n")
         gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
                 f"wres + {off});")
         if i > 0:
@@ -412,8 +420,9 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
             out.append(f"    if (p.dx != nullptr) {{\n      {gemm}\n"
                        f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
         out.append("    fmlp::cp_wait<0>();\n    __syncthreads();\n")
-        out.append(_dw_units_loop(l, cfg.dw_units[i], "    ", f"fmlp::dw_unit<T, {g}, MT, DW_WARPS, SA, WSTRIDE>(dw{i}[u], "
-                                  f"tiles + {tile[cur]}, tiles + {tile['ta']}, m0, n0, ntiles);"))
+        out.append(_dw_units_loop(l, cfg.dw_units[i], "    ",
+                                  f"fmlp::dw_unit<T, {g}, MT, DW_WARPS, SA, WSTRIDE>(dw{i}[u], tiles + {tile[cur]}, "
+                                  f"tiles + {tile['ta']}, m0, n0, ntiles);"))
         cur, nxt = nxt, cur
     out.append("""    __syncthreads();  // the next tile's dy goes into t0, which other warps may still be reading
   }

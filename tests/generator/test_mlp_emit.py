@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
 from cutlass_ops_gen.mlp import trace_mlp  # noqa: E402
-from cutlass_ops_gen.mlp_emit import DW_ACC_BUDGET, choose_config, dw_units, emit, nvcc_command, resident_layout  # noqa: E402
+from cutlass_ops_gen.mlp_emit import (DW_ACC_BUDGET, choose_config, dw_units, emit, nvcc_command,  # noqa: E402
+                                       resident_layout)
 
 SM80, SM86, SM90 = 166912, 101376, 232448
 
