@@ -6,9 +6,12 @@ differs.  What runs where, per forward:
 
   fused CUTLASS kernel (``conv2d_fused``, on CUDA fp16/bf16; on the CPU and for float32/64
   it is ATen's conv, correct but not fused):
-    - the three conv embeddings, conv + bias in one kernel: 7x7/4 (C_in=3, an alignment-1
-      kernel), 3x3/2 64->192, 3x3/2 192->384; output NHWC (channels_last), read as tokens
-      (N, H*W, C) without a copy.
+    - two of the three conv embeddings, conv + bias in one kernel: 3x3/2 64->192 and 3x3/2
+      192->384; output NHWC (channels_last), read as tokens (N, H*W, C) without a copy.
+    - not the first, 7x7/4 from C_in=3: an input whose channels are not a multiple of 8 gets
+      only alignment-1 CUTLASS kernels, and on an H100 (N=64, 224x224, fp16) the one picked took
+      1019 us against cuDNN's 106 us for the same conv in the same run
+      (docs/results/cvt_fp16_h100_n64.json), so it runs as ATen's conv (cuDNN) with its bias.
 
   still PyTorch (ATen / cuDNN / cuBLAS kernels, one or more per op):
     - every LayerNorm (16-bit inputs in float32, as CvT's LayerNorm);
@@ -122,9 +125,10 @@ class FusedCvT(ConvolutionalVisionTransformer):
         return self._forward(x)
 
     def kernel_report(self, x: torch.Tensor) -> list[tuple[str, tuple, str]]:
-        """(layer, output shape, kernel) of each conv2d_fused call in one forward on x: the
+        """(layer, output shape, kernel) of each conv embedding in one forward on x: the
         generated CUTLASS kernel (tile, alignment, split-K) the dispatcher picked, or "aten"
-        (CPU, float32/64, or a shape no kernel covers)."""
+        (CPU, float32/64, a shape no kernel covers, or an input whose channels are not a
+        multiple of 8 on CUDA: cuDNN)."""
         report: list = []
         with torch.no_grad():
             self._forward(x, report)
@@ -138,22 +142,29 @@ class FusedCvT(ConvolutionalVisionTransformer):
         x = x.contiguous(memory_format=torch.channels_last)
         cls_tokens = None
         for i, stage in enumerate(self.stages()):
-            x, cls_tokens = self._stage(stage, x, autocast_dtype)
-            if report is not None:
-                report.append((f"stage{i}.patch_embed.proj", tuple(x.shape), conv2d_fused_last_kernel()))
+            x, cls_tokens = self._stage(stage, x, autocast_dtype, report, f"stage{i}.patch_embed.proj")
         if self.cls_token:
             feat = layer_norm(cls_tokens, self.norm).squeeze(1)
         else:
             feat = layer_norm(x.flatten(2).transpose(1, 2), self.norm).mean(dim=1)
         return self.head(feat)
 
-    def _stage(self, stage: VisionTransformer, x: torch.Tensor, autocast_dtype):
-        """x: (N, C, H, W) in NHWC memory -> (N, C', H', W') in NHWC memory, cls tokens."""
+    def _stage(self, stage: VisionTransformer, x: torch.Tensor, autocast_dtype, report=None, name=""):
+        """x: (N, C, H, W) in NHWC memory -> (N, C', H', W') in NHWC memory, cls tokens; the conv
+        embedding's (name, output shape, kernel) appended to ``report`` if given."""
         proj = stage.patch_embed.proj
         weight = proj.weight
         if autocast_dtype is not None:  # as autocast does for F.conv2d
             x, weight = x.to(autocast_dtype), weight.to(autocast_dtype)
-        y = conv2d_fused(x, weight, bias=proj.bias, stride=list(proj.stride), padding=list(proj.padding))
+        if x.is_cuda and x.shape[1] % 8 != 0:  # alignment-1 CUTLASS kernels only: cuDNN (module docstring)
+            bias = proj.bias.to(weight.dtype) if proj.bias is not None else None
+            y = F.conv2d(x, weight, bias, proj.stride, proj.padding)
+            kernel = "aten (cuDNN: C_in not a multiple of 8)"
+        else:
+            y = conv2d_fused(x, weight, bias=proj.bias, stride=list(proj.stride), padding=list(proj.padding))
+            kernel = conv2d_fused_last_kernel() if report is not None else ""
+        if report is not None:
+            report.append((name, tuple(y.shape), kernel))
         n, c, h, w = y.shape
         t = y.permute(0, 2, 3, 1).reshape(n, h * w, c)  # NHWC memory: a view
         if stage.patch_embed.norm is not None:
