@@ -338,3 +338,41 @@ def _b2b_backward(ctx, grad):
 
 
 torch.library.register_autograd("cutlass_ops::conv2d_b2b", _b2b_backward, setup_context=_b2b_setup)
+
+
+# ---- layer_norm_rows: y = LayerNorm(s), s = x + residual ------------------------------------------
+
+def _ln_setup(ctx, inputs, output):
+    x, residual, weight, bias, eps = inputs
+    _, s, mean, rstd = output
+    ctx.has_residual = residual is not None
+    ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+    ctx.save_for_backward(s if residual is not None else x, weight, bias, mean, rstd)
+    ctx.set_materialize_grads(False)
+
+
+def _ln_backward(ctx, grad_y, grad_s, grad_mean, grad_rstd):
+    """ATen's LayerNorm backward in the statistics' dtype (float32 for 16-bit x, as the forward
+    computed); the gradient reaching the sum (grad_s) from its other users is added."""
+    s, weight, bias, mean, rstd = ctx.saved_tensors
+    ct = mean.dtype
+    cols = s.shape[-1]
+    grad_in = None
+    grad_w = grad_b = None
+    if grad_y is not None:
+        w = weight.to(ct) if weight is not None else None
+        b = bias.to(ct) if bias is not None else None
+        mask = [True, weight is not None and ctx.needs_input_grad[2], bias is not None and ctx.needs_input_grad[3]]
+        grad_in, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
+            grad_y.reshape(-1, cols).to(ct), s.reshape(-1, cols).to(ct), [cols], mean.reshape(-1, 1),
+            rstd.reshape(-1, 1), w, b, mask)
+        grad_in = grad_in.reshape(s.shape)
+    if grad_s is not None:
+        grad_in = grad_s.to(ct) if grad_in is None else grad_in + grad_s.to(ct)
+    grad_x = grad_in.to(s.dtype) if grad_in is not None else None
+    return (grad_x, grad_x if ctx.has_residual else None,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None, None)
+
+
+torch.library.register_autograd("cutlass_ops::layer_norm_rows", _ln_backward, setup_context=_ln_setup)

@@ -36,6 +36,7 @@ so its random mask differs from the reference's.
 """
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import torch
@@ -45,7 +46,15 @@ from torch import nn
 from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
                   layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
-from .ops import conv2d_fused, conv2d_fused_last_kernel
+from .ops import conv2d_fused, conv2d_fused_last_kernel, layer_norm_rows
+
+
+def fused_layer_norm_enabled() -> bool:
+    """CUTLASS_OPS_CVT_FUSED_LN=1: the blocks' LayerNorms run as ``layer_norm_rows`` (one kernel
+    for the residual add before each and the LayerNorm), instead of ATen's add, casts and
+    LayerNorm.  Opt-in until timed on a GPU (checked on the CPU and the CPU emulator); read per
+    forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_FUSED_LN", "0") == "1"
 
 
 class FusedCvT(ConvolutionalVisionTransformer):
@@ -168,23 +177,39 @@ class FusedCvT(ConvolutionalVisionTransformer):
         n, c, h, w = y.shape
         t = y.permute(0, 2, 3, 1).reshape(n, h * w, c)  # NHWC memory: a view
         if stage.patch_embed.norm is not None:
-            t = layer_norm(t, stage.patch_embed.norm)
+            t, _ = self._add_layer_norm(t, stage.patch_embed.norm)
         cls_tokens = None
         if stage.cls_token is not None:
             t = torch.cat((stage.cls_token.expand(n, -1, -1).to(t.dtype), t), dim=1)
         t = stage.pos_drop(t)
+        pending = None  # each block's last residual add, done by the next block's first LayerNorm
         for blk in stage.blocks:
-            t = self._block(blk, t, h, w)
+            t, pending = self._block(blk, t, h, w, pending)
+        if pending is not None:
+            t = t + pending
         if stage.cls_token is not None:
             cls_tokens, t = torch.split(t, [1, h * w], 1)
         return t.reshape(n, h, w, c).permute(0, 3, 1, 2), cls_tokens
 
-    def _block(self, blk: Block, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-        x = x + blk.drop_path(self._attention(blk.attn, layer_norm(x, blk.norm1), h, w))
+    def _add_layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm, residual: torch.Tensor | None = None):
+        """(LayerNorm(s), s) with s = x + residual (x without one): CvT's LayerNorm, in float32
+        for 16-bit inputs; one fused kernel under CUTLASS_OPS_CVT_FUSED_LN=1."""
+        if fused_layer_norm_enabled():
+            y, s = layer_norm_rows(x, norm.weight, norm.bias, norm.eps, residual)
+            return y, (x if s is None else s)
+        s = x if residual is None else x + residual
+        return layer_norm(s, norm), s
+
+    def _block(self, blk: Block, x: torch.Tensor, h: int, w: int, pending: torch.Tensor | None = None):
+        """One transformer block on x + pending (the previous block's last residual branch, not
+        yet added): returns (the block's output less its MLP branch, that branch)."""
+        h1, x = self._add_layer_norm(x, blk.norm1, pending)
+        a = blk.drop_path(self._attention(blk.attn, h1, h, w))
+        h2, x = self._add_layer_norm(x, blk.norm2, a)
         mlp = blk.mlp
-        y = mlp.drop(quick_gelu(F.linear(layer_norm(x, blk.norm2), mlp.fc1.weight, mlp.fc1.bias)))
+        y = mlp.drop(quick_gelu(F.linear(h2, mlp.fc1.weight, mlp.fc1.bias)))
         y = mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
-        return x + blk.drop_path(y)
+        return x, blk.drop_path(y)
 
     def _dw_bn(self, proj: nn.Sequential, m: torch.Tensor) -> torch.Tensor:
         """Depthwise conv + BatchNorm on an NHWC map (N, C, H, W) -> tokens (N, H'*W', C)."""

@@ -29,7 +29,7 @@ Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.custom_op`
   and autograd's backward runs the GEMMs over the batch with torch (cuBLAS on CUDA; dw empty).
   Autograd asks for ``fused_dw`` with ``CUTLASS_OPS_MLP_FUSED_DW=1`` where the model's kernel has
   it (resident weights whose dW fits in registers, e.g. width 64).  Opt-in: it has run on the CPU
-  emulator (tests/mlp_emulator), not yet on a GPU.
+  emulator (tests/cuda_emulator), not yet on a GPU.
 - Autograd (``register_autograd``), fake impls for torch.compile, CPU impls (the same math and
   rounding points in float32, or float64 for float64 inputs).
 

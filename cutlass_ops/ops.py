@@ -393,3 +393,22 @@ def _conv2d_wgrad_fake(grad_output, input, weight, stride=(1, 1), padding=(0, 0)
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
     grad_weight = torch.empty_like(weight, memory_format=torch.channels_last)
     return grad_weight, input.new_empty((), dtype=acc)
+
+
+def layer_norm_rows(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+                    residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """LayerNorm over x's last dimension, computed in float32 for 16-bit x (as CvT's LayerNorm),
+    after adding ``residual`` if given: returns ``(y, x + residual)`` (the sum in x's dtype, the
+    next residual; None without one).  One CUDA kernel for fp16/bf16 rows of up to 2048 columns
+    (a row per 4-32 lanes of a warp), fused with the add; ATen's otherwise.  Differentiable."""
+    _check_devices("layer_norm_rows", ("x", x), ("residual", residual), ("weight", weight), ("bias", bias))
+    y, s, _, _ = torch.ops.cutlass_ops.layer_norm_rows(x, residual, weight, bias, float(eps))
+    return y, (s if residual is not None else None)
+
+
+@torch.library.register_fake("cutlass_ops::layer_norm_rows")
+def _layer_norm_rows_fake(x, residual, weight, bias, eps):
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    stat = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return (x.new_empty(x.shape), x.new_empty(x.shape if residual is not None else (0,)),
+            x.new_empty((rows,), dtype=stat), x.new_empty((rows,), dtype=stat))

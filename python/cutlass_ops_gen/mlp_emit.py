@@ -29,7 +29,7 @@ and one dtype (float16 or bfloat16):
 - ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``;
   ``fmlp_bwd_dw`` and ``fmlp_bwd_dw_ctas`` with bwd_dw_kernel) that the Python side calls
   through ctypes, with the CUDA stream to launch on.  Under ``FMLP_EMULATE`` the host side drops
-  out and the kernels build with g++ for the CPU emulator (tests/mlp_emulator).
+  out and the kernels build with g++ for the CPU emulator (tests/cuda_emulator).
 
 No torch and no CUTLASS headers are needed: the MMA is inline PTX (``mma.sync.m16n8k16``), which
 keeps a model's first-use compile to seconds.  Runs on sm_80 and newer (sm_90 included).
@@ -529,7 +529,7 @@ struct BwdDwParams {{ const T* dy; T* dx; const T* x; const T* z[L]; const T* a[
 
 using namespace fmlp_model;
 
-#ifndef FMLP_EMULATE  // the CUDA host side (tests/mlp_emulator launches the kernels on the CPU itself)
+#ifndef FMLP_EMULATE  // the CUDA host side (tests/cuda_emulator launches the kernels on the CPU itself)
 static int ensure_device(int device) {
   int cur = -1;
   cudaError_t e = cudaGetDevice(&cur);

@@ -32,7 +32,7 @@ __host__ __device__ constexpr int pad16(int v) { return (v + 15) / 16 * 16; }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers: the only inline assembly.  FMLP_EMULATE (tests/mlp_emulator) swaps in CPU
+// PTX wrappers: the only inline assembly.  FMLP_EMULATE (tests/cuda_emulator) swaps in CPU
 // versions of these warp-collective instructions, so the same kernels run on the CPU there.
 // ---------------------------------------------------------------------------------------------
 #ifdef FMLP_EMULATE

@@ -1,5 +1,5 @@
 """FusedMLP's generated kernels, run unchanged on a CPU emulator of the CUDA execution model
-(tests/mlp_emulator: fibers for threads, the PTX ISA's ldmatrix / mma.m16n8k16 fragment layouts,
+(tests/cuda_emulator: fibers for threads, the PTX ISA's ldmatrix / mma.m16n8k16 fragment layouts,
 cp.async landing at its wait, shared memory poisoned per CTA), against the op's CPU path (the same
 rounding points) and float64.  No GPU needed: g++ and the CUDA headers (for cuda_fp16.h) only.
 
@@ -27,7 +27,7 @@ from cutlass_ops.mlp import _backward_math, _forward_math
 from cutlass_ops_gen.mlp import trace_mlp
 from cutlass_ops_gen.mlp_emit import emit
 
-EMU = Path(__file__).resolve().parents[1] / "mlp_emulator"
+EMU = Path(__file__).resolve().parents[1] / "cuda_emulator"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 CXX = shutil.which(os.environ.get("CXX", "g++"))
 pytestmark = pytest.mark.skipif(CXX is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
@@ -76,7 +76,7 @@ def build(src: str, has_dw: bool, work: Path) -> ctypes.CDLL:
         cu.write_text(src)
         cmd = [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-DFMLP_EMULATE",
                f"-DKERNEL_SOURCE=\"{cu}\"", f"-I{CUDA_INCLUDE}", f"-I{EMU}",
-               "-include", str(EMU / "fmlp_emulate_prelude.h"), "-x", "c++", str(EMU / "harness.cpp"),
+               "-include", str(EMU / "cuda_emulate_prelude.h"), "-x", "c++", str(EMU / "mlp_harness.cpp"),
                "-o", str(lib)] + (["-DHAS_BWD_DW"] if has_dw else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -1,5 +1,5 @@
 // The warp-collective instructions of mlp_kernel.cuh's PTX wrappers, on the CPU (included inside
-// namespace fmlp when FMLP_EMULATE is defined; the machinery is fmlp_emulate_prelude.h).  Each
+// namespace fmlp when FMLP_EMULATE is defined; the machinery is cuda_emulate_prelude.h).  Each
 // follows the PTX ISA's fragment layouts:
 // - ldmatrix .m8n8 .x1/.x2/.x4 .b16: lanes 8i..8i+7 give the row addresses of matrix i; lane L
 //   receives, of each matrix, row L/4, columns 2(L%4) and 2(L%4)+1 (with .trans: of the
@@ -11,10 +11,10 @@
 
 template <int NMAT, bool TRANS>
 inline void emu_ldmatrix(uint32_t* r, const void* p) {
-  fmlp_emu::WarpSlots& s = fmlp_emu::slots();
-  const unsigned lane = fmlp_emu::lane();
+  cuda_emu::WarpSlots& s = cuda_emu::slots();
+  const unsigned lane = cuda_emu::lane();
   s.addr[lane] = p;
-  fmlp_emu::sync_warp();
+  cuda_emu::sync_warp();
   for (int i = 0; i < NMAT; ++i) {
     uint16_t lo, hi;
     if (!TRANS) {
@@ -27,7 +27,7 @@ inline void emu_ldmatrix(uint32_t* r, const void* p) {
     }
     r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
   }
-  fmlp_emu::sync_warp();
+  cuda_emu::sync_warp();
 }
 
 inline void ldsm_x4(uint32_t* r, const void* p) { emu_ldmatrix<4, false>(r, p); }
@@ -37,11 +37,11 @@ inline void ldsm_x2_t(uint32_t* r, const void* p) { emu_ldmatrix<2, true>(r, p);
 
 template <class H, class H2>
 inline void emu_mma(float* c, const uint32_t* a, const uint32_t* b, float2 (*to_float2)(H2)) {
-  fmlp_emu::WarpSlots& s = fmlp_emu::slots();
-  const unsigned lane = fmlp_emu::lane();
+  cuda_emu::WarpSlots& s = cuda_emu::slots();
+  const unsigned lane = cuda_emu::lane();
   for (int i = 0; i < 4; ++i) s.a[lane][i] = a[i];
   for (int i = 0; i < 2; ++i) s.b[lane][i] = b[i];
-  fmlp_emu::sync_warp();
+  cuda_emu::sync_warp();
   auto half_of = [&](uint32_t v, int hi) {
     H2 h2;
     std::memcpy(&h2, &v, 4);
@@ -65,7 +65,7 @@ inline void emu_mma(float* c, const uint32_t* a, const uint32_t* b, float2 (*to_
     for (int k = 0; k < 16; ++k) acc += A(m, k) * B(k, n);
     d[e] = acc;
   }
-  fmlp_emu::sync_warp();
+  cuda_emu::sync_warp();
   for (int e = 0; e < 4; ++e) c[e] = d[e];
 }
 
@@ -77,19 +77,19 @@ inline void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
 }
 
 inline void cp_async16(void* smem, const void* gmem) {
-  fmlp_emu::Cta* c = fmlp_emu::cta();
+  cuda_emu::Cta* c = cuda_emu::cta();
   c->fibers[c->current].open.copies.emplace_back(smem, gmem);
 }
 inline void cp_commit() {
-  fmlp_emu::Cta* c = fmlp_emu::cta();
-  fmlp_emu::Fiber& f = c->fibers[c->current];
+  cuda_emu::Cta* c = cuda_emu::cta();
+  cuda_emu::Fiber& f = c->fibers[c->current];
   f.committed.push_back(std::move(f.open));
-  f.open = fmlp_emu::CopyGroup();
+  f.open = cuda_emu::CopyGroup();
 }
 template <int N>
 inline void cp_wait() {
-  fmlp_emu::Cta* c = fmlp_emu::cta();
-  fmlp_emu::Fiber& f = c->fibers[c->current];
+  cuda_emu::Cta* c = cuda_emu::cta();
+  cuda_emu::Fiber& f = c->fibers[c->current];
   while ((int)f.committed.size() > N) {
     for (auto& cp : f.committed.front().copies) std::memcpy(cp.first, cp.second, 16);
     f.committed.erase(f.committed.begin());

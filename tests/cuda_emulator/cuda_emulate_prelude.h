@@ -1,15 +1,17 @@
-// A CPU stand-in for the CUDA execution model, just enough to run FusedMLP's generated kernels
-// (python/cutlass_ops_gen/mlp_kernel.cuh + mlp_emit.py) unchanged on a machine without a GPU:
-// tests/generator/test_mlp_emulator.py compiles a generated source with g++ -DFMLP_EMULATE and
-// -include this file.  Each CUDA thread of a CTA is a fiber (ucontext) on one OS thread; a fiber
-// runs until it reaches __syncthreads, __syncwarp or a warp-collective instruction (ldmatrix,
-// mma: fmlp_emulate.h), where it waits for the others.  CTAs run one after another, each with
+// A CPU stand-in for the CUDA execution model, just enough to run this project's hand-written
+// kernels unchanged on a machine without a GPU: FusedMLP's generated kernels
+// (python/cutlass_ops_gen/mlp_kernel.cuh + mlp_emit.py; tests/python/test_mlp_emulator.py compiles
+// one with g++ -DFMLP_EMULATE and -include this file) and the LayerNorm kernel
+// (kernels/layer_norm/layer_norm_device.cuh; tests/python/test_layer_norm.py).  Each CUDA thread
+// of a CTA is a fiber (ucontext) on one OS thread; a fiber runs until it reaches __syncthreads,
+// __syncwarp or a warp-collective instruction (__shfl_xor_sync here; ldmatrix and mma:
+// fmlp_emulate.h), where it waits for the others.  CTAs run one after another, each with
 // shared memory poisoned (0xFF bytes: NaN in fp16/bf16/fp32) so that reading what nobody wrote
 // shows.  With a seed, the fibers run in a shuffled order and each round only a random half of
 // the warps runs, so warps drift apart between block barriers: two seeds giving different
-// results means a missing barrier (seed 0: every thread in turn, lockstep).  cp.async copies land only
-// at cp.async.wait_group (as on the GPU, where they may land any time before it), so a read
-// before the wait sees the poison.
+// results means a missing barrier (seed 0: every thread in turn, lockstep).  cp.async copies
+// land only at cp.async.wait_group (as on the GPU, where they may land any time before it), so
+// a read before the wait sees the poison.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,6 +20,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +41,7 @@
 #define __shared__
 #define __launch_bounds__(...)
 
-namespace fmlp_emu {
+namespace cuda_emu {
 
 struct Barrier {
   int count = 0, arrived = 0;
@@ -62,6 +65,7 @@ struct Fiber {
 struct WarpSlots {
   const void* addr[32];
   uint32_t a[32][4], b[32][2];
+  float f[32];
 };
 
 struct Cta {
@@ -178,7 +182,7 @@ inline bool run_cta(const std::function<void()>& body, int threads, dim3 block, 
     }
     if (c.progress == last) {
       if (++idle_rounds > 200) {
-        std::fprintf(stderr, "fmlp_emu: deadlock in CTA %u (threads waiting at a barrier others never reach)\n",
+        std::fprintf(stderr, "cuda_emu: deadlock in CTA %u (threads waiting at a barrier others never reach)\n",
                      block.x);
         cta() = nullptr;
         return false;
@@ -201,10 +205,31 @@ inline bool launch(const std::function<void()>& body, unsigned grid, int threads
   return true;
 }
 
-}  // namespace fmlp_emu
+}  // namespace cuda_emu
 
-#define threadIdx (fmlp_emu::cta()->fibers[fmlp_emu::cta()->current].tid)
-#define blockIdx (fmlp_emu::block_idx())
-#define gridDim (fmlp_emu::grid_dim())
-#define __syncthreads() fmlp_emu::sync_block()
-#define __syncwarp() fmlp_emu::sync_warp()
+namespace cuda_emu {
+// __shfl_xor_sync over the whole warp (the mask must name all 32 lanes, as this project's
+// kernels pass): every lane posts its value, then reads its partner's.
+inline float shfl_xor(unsigned mask, float v, int offset) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "cuda_emu: __shfl_xor_sync with a partial mask is not emulated\n");
+    std::abort();
+  }
+  WarpSlots& s = slots();
+  const unsigned l = lane();
+  s.f[l] = v;
+  sync_warp();
+  const float out = s.f[l ^ (unsigned)offset];
+  sync_warp();
+  return out;
+}
+}  // namespace cuda_emu
+
+#define __shfl_xor_sync(mask, v, offset) cuda_emu::shfl_xor(mask, v, offset)
+// device math the kernels use that host C++ lacks
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+#define threadIdx (cuda_emu::cta()->fibers[cuda_emu::cta()->current].tid)
+#define blockIdx (cuda_emu::block_idx())
+#define gridDim (cuda_emu::grid_dim())
+#define __syncthreads() cuda_emu::sync_block()
+#define __syncwarp() cuda_emu::sync_warp()

@@ -1,7 +1,7 @@
 // Entry points that run one generated FusedMLP source's kernels on the CPU emulator
-// (fmlp_emulate_prelude.h), with the parameters the real host side (mlp_emit's fmlp_fwd,
-// fmlp_bwd, fmlp_bwd_dw) would pass.  Built by tests/generator/test_mlp_emulator.py:
-//   g++ -DFMLP_EMULATE -DKERNEL_SOURCE='"model.cu"' [-DHAS_BWD_DW] -include fmlp_emulate_prelude.h
+// (cuda_emulate_prelude.h), with the parameters the real host side (mlp_emit's fmlp_fwd,
+// fmlp_bwd, fmlp_bwd_dw) would pass.  Built by tests/python/test_mlp_emulator.py:
+//   g++ -DFMLP_EMULATE -DKERNEL_SOURCE='"model.cu"' [-DHAS_BWD_DW] -include cuda_emulate_prelude.h
 // The grid is the caller's: streamed kernels need ceil(M / BM) CTAs, resident ones any number
 // (a grid-stride loop).  Each returns 0, or 1 on a deadlock.
 #include KERNEL_SOURCE
@@ -28,7 +28,7 @@ extern "C" int emu_fwd(int save, const void* x, void* y, const void* const* w, c
     else
       fwd_kernel<false>(p);
   };
-  return fmlp_emu::launch(body, grid, THREADS, fmlp_model::smem, SMEM_FWD, seed) ? 0 : 1;
+  return cuda_emu::launch(body, grid, THREADS, fmlp_model::smem, SMEM_FWD, seed) ? 0 : 1;
 }
 
 extern "C" int emu_bwd(const void* dy, void* dx, const void* const* z, const void* const* w, void* const* dz,
@@ -43,7 +43,7 @@ extern "C" int emu_bwd(const void* dy, void* dx, const void* const* z, const voi
     p.dz[i] = static_cast<T*>(dz[i]);
     p.db[i] = static_cast<float*>(db[i]);
   }
-  return fmlp_emu::launch([&] { bwd_kernel(p); }, grid, THREADS, fmlp_model::smem, SMEM_BWD, seed) ? 0 : 1;
+  return cuda_emu::launch([&] { bwd_kernel(p); }, grid, THREADS, fmlp_model::smem, SMEM_BWD, seed) ? 0 : 1;
 }
 
 #ifdef HAS_BWD_DW
@@ -62,6 +62,6 @@ extern "C" int emu_bwd_dw(const void* dy, void* dx, const void* x, const void* c
     p.dw[i] = static_cast<float*>(dw[i]);
     p.db[i] = static_cast<float*>(db[i]);
   }
-  return fmlp_emu::launch([&] { bwd_dw_kernel(p); }, grid, DW_WARPS * 32, fmlp_model::smem, SMEM_DW, seed) ? 0 : 1;
+  return cuda_emu::launch([&] { bwd_dw_kernel(p); }, grid, DW_WARPS * 32, fmlp_model::smem, SMEM_DW, seed) ? 0 : 1;
 }
 #endif

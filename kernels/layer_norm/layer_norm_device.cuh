@@ -1,0 +1,181 @@
+// The LayerNorm kernel (layer_norm_kernel.h), torch-free and launch-free so that the CPU
+// emulator can run it too (tests/python/test_layer_norm.py).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "layer_norm/layer_norm_kernel.h"
+
+namespace cutlass_ops {
+namespace layer_norm {
+
+__device__ __forceinline__ float ln_to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ln_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T ln_from_float(float v);
+template <> __device__ __forceinline__ __half ln_from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 ln_from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// sum over the kLanes lanes of a row's group (xor offsets below kLanes stay in the group)
+template <int kLanes>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+constexpr int kThreads = 256;
+
+// kVec elements per chunk (8: 16-byte accesses, cols % 8 == 0 and aligned; else 1), kLanes
+// lanes per row (32 / kLanes rows per warp at once), kChunks chunks per lane (a row of up to
+// kLanes * kChunks * kVec columns, held in registers between the two reductions).
+template <typename T, int kVec, int kLanes, int kChunks, bool kResidual>
+__global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
+  constexpr int kRowsPerWarp = 32 / kLanes;
+  const int lane = threadIdx.x & 31, sub = lane % kLanes;
+  const long long warps = (long long)gridDim.x * (kThreads / 32);
+  const long long warp = (long long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+  T const* x = static_cast<T const*>(a.x);
+  T const* r = static_cast<T const*>(a.residual);
+  T* y = static_cast<T*>(a.y);
+  T* s = static_cast<T*>(a.sum);
+  // Every lane runs the same number of iterations (the shuffles need the whole warp): a
+  // group whose row is past the end computes on nothing and stores nothing.
+  for (long long row0 = warp * kRowsPerWarp; row0 < a.rows; row0 += warps * kRowsPerWarp) {
+    const long long row = row0 + lane / kLanes;
+    const bool live = row < a.rows;
+    float v[kChunks][kVec];
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = (sub + k * kLanes) * kVec;
+      const bool here = live && c < a.cols;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[k][e] = 0.0f;
+      if (here) {
+        const long long at = row * a.cols + c;
+        T xv[kVec];
+        if constexpr (kVec == 8) {
+          *reinterpret_cast<uint4*>(xv) = *reinterpret_cast<uint4 const*>(x + at);
+        } else {
+          xv[0] = x[at];
+        }
+        if constexpr (kResidual) {
+          T rv[kVec];
+          if constexpr (kVec == 8) {
+            *reinterpret_cast<uint4*>(rv) = *reinterpret_cast<uint4 const*>(r + at);
+          } else {
+            rv[0] = r[at];
+          }
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) xv[e] = ln_from_float<T>(ln_to_float(xv[e]) + ln_to_float(rv[e]));
+          if constexpr (kVec == 8) {
+            *reinterpret_cast<uint4*>(s + at) = *reinterpret_cast<uint4 const*>(xv);
+          } else {
+            s[at] = xv[0];
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          v[k][e] = ln_to_float(xv[e]);
+          total += v[k][e];
+        }
+      }
+    }
+    const float mean = group_sum<kLanes>(total) / (float)a.cols;
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = (sub + k * kLanes) * kVec;
+      if (live && c < a.cols) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const float d = v[k][e] - mean;
+          sq += d * d;
+        }
+      }
+    }
+    const float rstd = rsqrtf(group_sum<kLanes>(sq) / (float)a.cols + a.eps);
+    if (live && sub == 0) {
+      a.mean[row] = mean;
+      a.rstd[row] = rstd;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = (sub + k * kLanes) * kVec;
+      if (live && c < a.cols) {
+        T out[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const float w = a.weight ? a.weight[c + e] : 1.0f, b = a.bias ? a.bias[c + e] : 0.0f;
+          out[e] = ln_from_float<T>((v[k][e] - mean) * rstd * w + b);
+        }
+        const long long at = row * a.cols + c;
+        if constexpr (kVec == 8) {
+          *reinterpret_cast<uint4*>(y + at) = *reinterpret_cast<uint4 const*>(out);
+        } else {
+          y[at] = out[0];
+        }
+      }
+    }
+  }
+}
+
+// How the kernel covers a row: kVec, kLanes, kChunks (lanes == 0: not covered).  16-byte
+// chunks where every row starts aligned; lanes per row and chunks per lane so that a row fits
+// the registers (up to 2048 columns with 16-byte chunks, 512 without).
+struct LayerNormShape {
+  int vec, lanes, chunks;
+};
+
+inline bool ln_aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+inline LayerNormShape layer_norm_shape(LayerNormArgs const& a) {
+  const bool vec8 = a.cols % 8 == 0 && ln_aligned16(a.x) && ln_aligned16(a.y) &&
+                    (a.residual == nullptr || (ln_aligned16(a.residual) && ln_aligned16(a.sum)));
+  const int vec = vec8 ? 8 : 1, n = a.cols / vec;
+  if (vec8) {
+    if (n <= 4) return {8, 4, 1};
+    if (n <= 8) return {8, 8, 1};
+    if (n <= 16) return {8, 16, 1};
+  }
+  for (int chunks = 1; chunks <= (vec8 ? 8 : 16); chunks *= 2)
+    if (n <= 32 * chunks) return {vec, 32, chunks};
+  return {vec, 0, 0};
+}
+
+// Calls f.template run<kVec, kLanes, kChunks>() for the shape (one of the instantiated ones).
+template <class F>
+auto with_layer_norm_shape(LayerNormShape sh, F const& f) {
+  if (sh.vec == 8) {
+    if (sh.lanes == 4) return f.template run<8, 4, 1>();
+    if (sh.lanes == 8) return f.template run<8, 8, 1>();
+    if (sh.lanes == 16) return f.template run<8, 16, 1>();
+    switch (sh.chunks) {
+      case 1: return f.template run<8, 32, 1>();
+      case 2: return f.template run<8, 32, 2>();
+      case 4: return f.template run<8, 32, 4>();
+      default: return f.template run<8, 32, 8>();
+    }
+  }
+  switch (sh.chunks) {
+    case 1: return f.template run<1, 32, 1>();
+    case 2: return f.template run<1, 32, 2>();
+    case 4: return f.template run<1, 32, 4>();
+    case 8: return f.template run<1, 32, 8>();
+    default: return f.template run<1, 32, 16>();
+  }
+}
+
+// CTAs for `rows` rows at this shape: one row group per warp, grid-stride beyond `cap` CTAs.
+inline long long layer_norm_ctas(long long rows, int lanes, long long cap) {
+  const long long rows_per_cta = (kThreads / 32) * (32 / lanes);
+  const long long need = (rows + rows_per_cta - 1) / rows_per_cta;
+  return need < cap ? (need > 0 ? need : 1) : cap;
+}
+
+}  // namespace layer_norm
+}  // namespace cutlass_ops

@@ -1,0 +1,255 @@
+"""cutlass_ops.ops.layer_norm_rows (issue 20: CvT's LayerNorms, fused with the residual add before
+them): the op's CPU path against float64, its autograd (gradcheck), opcheck, bad input; the CUDA
+kernel on the CPU emulator (tests/cuda_emulator: the same device code, every row shape the
+launcher picks, against the CPU path, two thread schedules bitwise equal, guard elements); the
+kernel on a GPU (skipped without one); FusedCvT with CUTLASS_OPS_CVT_FUSED_LN=1 against its
+default path."""
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlass_ops
+from cutlass_ops.ops import layer_norm_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+EMU = ROOT / "tests" / "cuda_emulator"
+CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+CXX = shutil.which(os.environ.get("CXX", "g++"))
+HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
+emulator = pytest.mark.skipif(CXX is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
+                              reason="needs g++ and the CUDA headers (cuda_fp16.h)")
+
+# float64 reference: x + residual rounded to x's dtype (as the op and CvT's block), then the
+# LayerNorm in float64; bounds per dtype on ||y - ref|| / ||ref||
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def inputs(shape, dtype, device="cpu", residual=True, affine=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    c = shape[-1]
+    x = (torch.randn(shape, generator=g) * 2 + 0.5).to(dtype).to(device)
+    r = torch.randn(shape, generator=g).to(dtype).to(device) if residual else None
+    w = (torch.rand(c, generator=g) + 0.5).to(device) if affine else None  # float32, as CvT's weights
+    b = torch.randn(c, generator=g).to(device) if affine else None
+    return x, r, w, b
+
+
+def reference(x, r, w, b, eps=1e-5):
+    s = x if r is None else x + r
+    return F.layer_norm(s.double(), [s.shape[-1]], None if w is None else w.double(),
+                        None if b is None else b.double(), eps), s
+
+
+def rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# ---- CPU ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 64), (3, 5, 192), (1, 1), (4, 3), (2, 384), (0, 64)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_cpu_vs_float64(dtype, shape, residual):
+    x, r, w, b = inputs(shape, dtype, residual=residual)
+    y, s = layer_norm_rows(x, w, b, 1e-5, r)
+    ref, ref_s = reference(x, r, w, b)
+    assert y.shape == x.shape and y.dtype == dtype
+    if residual:
+        assert torch.equal(s, ref_s)
+    else:
+        assert s is None
+    if y.numel():
+        assert rel(y, ref) <= TOL[dtype], rel(y, ref)
+
+
+def test_cpu_no_affine_and_one_column():
+    x, r, _, _ = inputs((5, 40), torch.float32)
+    y, _ = layer_norm_rows(x, None, None, 1e-5, r)
+    assert rel(y, reference(x, r, None, None)[0]) <= 1e-5
+    x, _, w, b = inputs((6, 1), torch.float32, residual=False)
+    y, _ = layer_norm_rows(x, w, b, 1e-5)
+    assert torch.equal(y, b.expand(6, 1))  # a one-element row normalises to 0: y is the bias
+
+
+def test_cpu_gradcheck_float64():
+    x, r, w, b = inputs((5, 24), torch.float64)
+    w, b = w.double(), b.double()
+    args = [t.clone().requires_grad_(True) for t in (x, r, w, b)]
+
+    def f(x, r, w, b):
+        y, s = layer_norm_rows(x, w, b, 1e-5, r)
+        return y, s * 0.3  # the sum has users of its own (the next residual)
+    assert torch.autograd.gradcheck(f, tuple(args))
+
+
+def test_cpu_opcheck():
+    x, r, w, b = inputs((6, 16), torch.float32)
+    for res in (None, r):
+        torch.library.opcheck(torch.ops.cutlass_ops.layer_norm_rows.default, (x, res, w, b, 1e-5))
+
+
+def test_errors():
+    x, r, w, b = inputs((4, 8), torch.float32)
+    with pytest.raises(ValueError, match="residual shape"):
+        layer_norm_rows(x, w, b, 1e-5, r[:, :4])
+    with pytest.raises(ValueError, match="weight must have shape"):
+        layer_norm_rows(x, w[:4], b, 1e-5)
+    with pytest.raises(ValueError, match="residual dtype"):
+        layer_norm_rows(x, w, b, 1e-5, r.double())
+    with pytest.raises(ValueError, match="must be floating"):
+        layer_norm_rows(x.int(), w, b, 1e-5)
+
+
+# ---- the CUDA kernel on the CPU emulator ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ln_emulator(tmp_path_factory):
+    lib = tmp_path_factory.mktemp("ln_emu") / "ln_emu.so"
+    cmd = [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{CUDA_INCLUDE}", f"-I{ROOT / 'kernels'}",
+           f"-I{EMU}", "-include", str(EMU / "cuda_emulate_prelude.h"), "-x", "c++",
+           str(EMU / "layer_norm_harness.cpp"), "-o", str(lib)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return ctypes.CDLL(str(lib))
+
+
+GUARD = 64
+
+
+def _guarded(n, dtype):
+    full = torch.full((n + GUARD,), float("nan"), dtype=dtype)
+    full[n:] = -777.0
+    return full
+
+
+def run_emulated(lib, x, r, w, b, eps=1e-5, seed=0, offset=0):
+    """The kernel on x (rows, cols): outputs poisoned with NaN, GUARD sentinel elements after each;
+    offset > 0 misaligns every pointer by that many elements (the element-wise path)."""
+    rows, cols = x.shape
+    n = rows * cols
+
+    def placed(t):  # a copy of t starting `offset` elements into a buffer
+        if t is None:
+            return None, None
+        buf = torch.empty(n + offset, dtype=t.dtype)
+        buf[offset:] = t.reshape(-1)
+        return buf, buf[offset:]
+    _, xp = placed(x)
+    _, rp = placed(r)
+    yf, sf = _guarded(n + offset, x.dtype), _guarded(n + offset, x.dtype)
+    mf, rf = _guarded(rows, torch.float32), _guarded(rows, torch.float32)
+    shape = (ctypes.c_int * 3)()
+    ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    rc = lib.emu_layer_norm(int(x.dtype == torch.bfloat16), ctypes.c_longlong(rows), cols, ctypes.c_float(eps),
+                            ptr(xp), ptr(rp), ptr(w), ptr(b), ptr(yf[offset:]), ptr(sf[offset:] if r is not None else None),
+                            ptr(mf), ptr(rf), 0, seed, shape)
+    if rc == 2:
+        return None, tuple(shape)
+    assert rc == 0, "deadlock"
+    for full, size in ((yf, n + offset), (mf, rows), (rf, rows)) + (((sf, n + offset),) if r is not None else ()):
+        assert bool((full[size:] == -777.0).all()), "a write past the output"
+    y = yf[offset:n + offset].view(rows, cols)
+    s = sf[offset:n + offset].view(rows, cols) if r is not None else None
+    return (y, s, mf[:rows], rf[:rows]), tuple(shape)
+
+
+@emulator
+@pytest.mark.parametrize("cols, shape", [(24, (8, 4, 1)), (64, (8, 8, 1)), (128, (8, 16, 1)), (192, (8, 32, 1)),
+                                         (384, (8, 32, 2)), (2048, (8, 32, 8)), (3, (1, 32, 1)), (100, (1, 32, 4)),
+                                         (57, (1, 32, 2)), (512, (8, 32, 2))])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("residual", [True, False])
+def test_kernel_on_the_emulator(ln_emulator, cols, shape, dtype, residual):
+    """Every row shape the launcher picks (vector width, lanes per row, chunks per lane), 37 rows
+    (warps with rows past the end), CTAs looping over several row groups: y, the sum, mean and
+    rstd against the op's CPU path; two schedules bitwise equal; nothing written past an output."""
+    x, r, w, b = inputs((37, cols), dtype, residual=residual, seed=cols)
+    got, picked = run_emulated(ln_emulator, x, r, w, b, seed=0)
+    assert picked == shape
+    again, _ = run_emulated(ln_emulator, x, r, w, b, seed=11)
+    assert all(torch.equal(a, c) for a, c in zip(got[:1] + got[2:], again[:1] + again[2:]))
+    y_ref, s_ref, mean_ref, rstd_ref = torch.ops.cutlass_ops.layer_norm_rows(x, r, w, b, 1e-5)
+    y, s, mean, rstd = got
+    assert rel(y, y_ref) <= TOL[dtype] / 4, rel(y, y_ref)
+    assert rel(y, reference(x, r, w, b)[0]) <= TOL[dtype]
+    assert rel(mean, mean_ref) <= 1e-5 and rel(rstd, rstd_ref) <= 1e-5
+    if residual:
+        assert torch.equal(s, s_ref)
+
+
+@emulator
+def test_kernel_on_the_emulator_misaligned_and_too_wide(ln_emulator):
+    """A row start off 16 bytes takes the element-wise path (same numbers); rows too wide for
+    the registers (over 2048 columns, or over 512 not a multiple of 8) are not covered: the CUDA
+    op runs ATen's LayerNorm for them."""
+    x, r, w, b = inputs((9, 64), torch.float16)
+    got, picked = run_emulated(ln_emulator, x, r, w, b, offset=1)
+    assert picked == (1, 32, 2)
+    assert rel(got[0], torch.ops.cutlass_ops.layer_norm_rows(x, r, w, b, 1e-5)[0]) <= TOL[torch.float16] / 4
+    for cols in (2056, 521):
+        x, r, w, b = inputs((2, cols), torch.float16)
+        assert run_emulated(ln_emulator, x, r, w, b)[0] is None
+
+
+# ---- CUDA -----------------------------------------------------------------------------------
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cols", [64, 192, 384, 57, 3000])
+@pytest.mark.parametrize("residual", [True, False])
+def test_cuda_vs_float64_and_cpu_path(dtype, cols, residual):
+    """The kernel (3000 columns: ATen's) at an odd row count against float64 and the CPU path,
+    and its gradients against float64's."""
+    x, r, w, b = inputs((2053, cols), dtype, residual=residual)
+    xc, rc, wc, bc = (None if t is None else t.cuda().requires_grad_(True) for t in (x, r, w, b))
+    y, s = layer_norm_rows(xc, wc, bc, 1e-5, rc)
+    ref, ref_s = reference(x, r, w, b)
+    assert rel(y, ref) <= TOL[dtype]
+    assert rel(y, layer_norm_rows(x, w, b, 1e-5, r)[0]) <= TOL[dtype] / 4
+    if residual:
+        assert torch.equal(s.cpu(), ref_s)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    y.backward(gy.cuda())
+    x64, r64, w64, b64 = (None if t is None else t.double().requires_grad_(True) for t in (x, r, w, b))
+    ref64, _ = reference(x64, r64, w64, b64)
+    ref64.backward(gy.double())
+    assert rel(xc.grad, x64.grad) <= 2 * TOL[dtype]
+    assert rel(wc.grad, w64.grad) <= 2 * TOL[dtype] and rel(bc.grad, b64.grad) <= 2 * TOL[dtype]
+    if residual:
+        assert torch.equal(rc.grad, xc.grad)
+
+
+# ---- FusedCvT with the fused LayerNorms ------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
+def test_fused_cvt_fused_layer_norm_matches_default(device, monkeypatch):
+    """FusedCvT (random weights, train mode for the BatchNorms' batch statistics off: eval) with
+    CUTLASS_OPS_CVT_FUSED_LN=1 against its default path: outputs and every parameter's gradient
+    (float32 on the CPU: the same math; fp16 on CUDA: within the dtype's bound)."""
+    from cutlass_ops.models.cvt import cvt13
+    torch.manual_seed(0)
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    ref = cvt13().to(device, dtype).eval()
+    fused = cutlass_ops.FusedCvT.from_reference(ref).eval()
+    x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+
+    def run(flag):
+        monkeypatch.setenv("CUTLASS_OPS_CVT_FUSED_LN", flag)
+        fused.zero_grad(set_to_none=True)
+        y = fused(x)
+        y.float().square().sum().backward()
+        return [y.detach()] + [p.grad.clone() for p in fused.parameters() if p.grad is not None]
+    on, off = run("1"), run("0")
+    assert len(on) == len(off)
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    for i, (a, c) in enumerate(zip(on, off)):
+        if c.norm() > 0:
+            assert rel(a, c) <= tol, (i, rel(a, c))
