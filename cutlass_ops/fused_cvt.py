@@ -13,8 +13,14 @@ differs.  What runs where, per forward:
       1019 us against cuDNN's 106 us for the same conv in the same run
       (docs/results/cvt_fp16_h100_n64.json), so it runs as ATen's conv (cuDNN) with its bias.
 
+  opt-in (CUTLASS_OPS_CVT_FUSED_LN=1, until timed on a GPU): each block's two LayerNorms and the
+  embeddings' as ``layer_norm_rows`` (kernels/layer_norm: one kernel for the residual add before
+  the LayerNorm and the LayerNorm in float32; each block's last residual add is done by the next
+  block's first LayerNorm).
+
   still PyTorch (ATen / cuDNN / cuBLAS kernels, one or more per op):
-    - every LayerNorm (16-bit inputs in float32, as CvT's LayerNorm);
+    - the LayerNorms and residual adds by default (16-bit inputs in float32, as CvT's LayerNorm),
+      and the head's LayerNorm;
     - the q/k/v "dw_bn" projections: depthwise 3x3 conv (stride 1 for q, 2 for k and v) on
       the NHWC map.  Eval mode: the BatchNorm folded into the conv (weight * gamma /
       sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), float32 or wider), from the

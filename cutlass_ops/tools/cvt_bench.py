@@ -3,7 +3,8 @@
     python -m cutlass_ops bench cvt                      # 224x224 fp16: inference N=1 64 256, training N=64 128
     python -m cutlass_ops train-check-cvt --steps 50     # loss curves FusedCvT vs the reference (JSON + PNG)
 
-Inference: FusedCvT (eager, and captured in a CUDA graph by hand) against the reference
+Inference: FusedCvT (eager, and captured in a CUDA graph by hand; "fused LN": with its LayerNorms
+as layer_norm_rows, CUTLASS_OPS_CVT_FUSED_LN=1) against the reference
 module (cutlass_ops.models.cvt) run as its users would: eager NCHW, eager channels_last in a CUDA
 graph, torch.compile mode="max-autotune" (its own CUDA graphs) on the NCHW and the
 channels_last model, and mode="max-autotune-no-cudagraphs" captured in one CUDA graph by hand.
@@ -15,8 +16,9 @@ setup time and peak memory.  The model: random weights (the reference's init), f
 bf16), eval mode for inference, train mode (BatchNorm batch statistics, drop path 0.1 in
 stage 3) for training.
 
-FusedCvT is not fused yet beyond its conv embeddings (cutlass_ops/fused_cvt.py), so these
-numbers measure the foundation, not the issue's goal.
+FusedCvT is not fused yet beyond two conv embeddings (and, opt-in, its LayerNorms with the
+residual adds: cutlass_ops/fused_cvt.py), so these numbers measure the foundation, not the
+issue's goal.
 """
 from __future__ import annotations
 
@@ -28,15 +30,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .bench import graphed, hand_graphed_compile, measure_systems, plot_systems, print_systems, ratios
+from .bench import env_var, graphed, hand_graphed_compile, measure_systems, plot_systems, print_systems, ratios
 from ..models.cvt import cvt13, cvt_flops, CVT13_SPEC
 from ..fused_cvt import FusedCvT
 from .train_check import plot, train_losses
 
-CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "eager NCHW", "eager channels_last + CUDA graph",
+# "fused LN": FusedCvT with its LayerNorms as layer_norm_rows (CUTLASS_OPS_CVT_FUSED_LN=1, opt-in
+# until these runs time it), set while its CUDA graph is captured
+CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "FusedCvT fused LN + CUDA graph", "eager NCHW",
+                     "eager channels_last + CUDA graph",
                      "torch.compile max-autotune", "torch.compile max-autotune channels_last",
                      "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph")
-CVT_TRAIN_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "eager channels_last + CUDA graph",
+CVT_TRAIN_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "FusedCvT fused LN + CUDA graph",
+                     "eager channels_last + CUDA graph",
                      "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph",
                      "torch.compile max-autotune", "torch.compile max-autotune channels_last")
 CVT_INFER_BATCHES = (1, 64, 256)
@@ -62,7 +68,7 @@ def _infer_system(name: str, ref, x):
         call = _no_grad(lambda: fused(x))
         if name == "FusedCvT":
             return call
-        with torch.no_grad():
+        with torch.no_grad(), env_var("CUTLASS_OPS_CVT_FUSED_LN", "1" if "fused LN" in name else None):
             return graphed(lambda: fused(x))
     model = copy.deepcopy(ref).eval()
     xin = x
@@ -99,7 +105,10 @@ def _train_system(name: str, ref, x):
     if name not in CVT_TRAIN_SYSTEMS:
         raise ValueError(f"unknown training system {name!r}; choose from {list(CVT_TRAIN_SYSTEMS)}")
     step = _step_fn(model, _loss(model), x)
-    return graphed(step) if name.endswith("CUDA graph") else step
+    if not name.endswith("CUDA graph"):
+        return step
+    with env_var("CUTLASS_OPS_CVT_FUSED_LN", "1" if "fused LN" in name else None):
+        return graphed(step)
 
 
 def _rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
