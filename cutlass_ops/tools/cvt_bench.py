@@ -3,8 +3,8 @@
     python -m cutlass_ops bench cvt                      # 224x224 fp16: inference N=1 64 256, training N=64 128
     python -m cutlass_ops train-check-cvt --steps 50     # loss curves FusedCvT vs the reference (JSON + PNG)
 
-Inference: FusedCvT (eager, and captured in a CUDA graph by hand; "fused LN": with its LayerNorms
-as layer_norm_rows, CUTLASS_OPS_CVT_FUSED_LN=1) against the reference
+Inference: FusedCvT (eager, and captured in a CUDA graph by hand; with its opt-in paths too,
+FUSED_CVT_VARIANTS) against the reference
 module (cutlass_ops.models.cvt) run as its users would: eager NCHW, eager channels_last in a CUDA
 graph, torch.compile mode="max-autotune" (its own CUDA graphs) on the NCHW and the
 channels_last model, and mode="max-autotune-no-cudagraphs" captured in one CUDA graph by hand.
@@ -22,6 +22,7 @@ issue's goal.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import statistics
@@ -35,13 +36,19 @@ from ..models.cvt import cvt13, cvt_flops, CVT13_SPEC
 from ..fused_cvt import FusedCvT
 from .train_check import plot, train_losses
 
-# "fused LN": FusedCvT with its LayerNorms as layer_norm_rows (CUTLASS_OPS_CVT_FUSED_LN=1, opt-in
-# until these runs time it), set while its CUDA graph is captured
-CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "FusedCvT fused LN + CUDA graph", "eager NCHW",
+# FusedCvT's opt-in paths (fused_cvt.py; until these runs time them), by the switches set while
+# its CUDA graph is captured: "fused LN", the LayerNorms as layer_norm_rows; "SiLU MLP",
+# QuickGELU as one SiLU with 1.702 folded into the MLP's weights
+FUSED_CVT_VARIANTS = {
+    "FusedCvT fused LN + CUDA graph": ("CUTLASS_OPS_CVT_FUSED_LN",),
+    "FusedCvT SiLU MLP + CUDA graph": ("CUTLASS_OPS_CVT_SILU_MLP",),
+    "FusedCvT fused LN, SiLU MLP + CUDA graph": ("CUTLASS_OPS_CVT_FUSED_LN", "CUTLASS_OPS_CVT_SILU_MLP"),
+}
+CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",
                      "eager channels_last + CUDA graph",
                      "torch.compile max-autotune", "torch.compile max-autotune channels_last",
                      "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph")
-CVT_TRAIN_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", "FusedCvT fused LN + CUDA graph",
+CVT_TRAIN_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS,
                      "eager channels_last + CUDA graph",
                      "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph",
                      "torch.compile max-autotune", "torch.compile max-autotune channels_last")
@@ -52,6 +59,15 @@ CVT_TRAIN_BATCHES = (64, 128)
 def cvt_reference(dtype=torch.float16, device="cuda", seed: int = 0):
     torch.manual_seed(seed)
     return cvt13().to(device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _variant_env(name: str):
+    """The switches of FusedCvT variant `name` set (none for other systems)."""
+    with contextlib.ExitStack() as stack:
+        for var in FUSED_CVT_VARIANTS.get(name, ()):
+            stack.enter_context(env_var(var, "1"))
+        yield
 
 
 def _no_grad(fn):
@@ -68,7 +84,7 @@ def _infer_system(name: str, ref, x):
         call = _no_grad(lambda: fused(x))
         if name == "FusedCvT":
             return call
-        with torch.no_grad(), env_var("CUTLASS_OPS_CVT_FUSED_LN", "1" if "fused LN" in name else None):
+        with torch.no_grad(), _variant_env(name):
             return graphed(lambda: fused(x))
     model = copy.deepcopy(ref).eval()
     xin = x
@@ -107,7 +123,7 @@ def _train_system(name: str, ref, x):
     step = _step_fn(model, _loss(model), x)
     if not name.endswith("CUDA graph"):
         return step
-    with env_var("CUTLASS_OPS_CVT_FUSED_LN", "1" if "fused LN" in name else None):
+    with _variant_env(name):
         return graphed(step)
 
 

@@ -185,6 +185,26 @@ def _low_precision_check(device, dtype, n, h, w, train: bool):
     return fused, xs["fused"]
 
 
+OPT_IN = {"CUTLASS_OPS_CVT_FUSED_LN": "1", "CUTLASS_OPS_CVT_SILU_MLP": "1"}
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_fused_cvt_opt_in_paths_float64(mode, monkeypatch):
+    """The opt-in paths (LayerNorms as layer_norm_rows with the residual adds, QuickGELU as SiLU
+    with 1.702 folded into fc1 and fc2) to float64 rounding: outputs within 1e-12 of the
+    reference, every parameter's gradient within 1e-10 (as the default path)."""
+    for k, v in OPT_IN.items():
+        monkeypatch.setenv(k, v)
+    test_fused_cvt_gradients_float64(mode)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_fused_cvt_opt_in_paths_bfloat16_cpu(train, monkeypatch):
+    for k, v in OPT_IN.items():
+        monkeypatch.setenv(k, v)
+    _low_precision_check("cpu", torch.bfloat16, 3, 32, 48, train=train)
+
+
 def test_fused_cvt_float32_cpu():
     _low_precision_check("cpu", torch.float32, 3, 32, 48, train=False)
     _low_precision_check("cpu", torch.float32, 3, 32, 48, train=True)
@@ -316,6 +336,17 @@ def test_fused_cvt_cuda_inference(dtype, n):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_fused_cvt_cuda_training(dtype):
     _low_precision_check("cuda", dtype, 3, 96, 112, train=True)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("train", [False, True])
+def test_fused_cvt_cuda_opt_in_paths(dtype, train, monkeypatch):
+    """The opt-in paths (layer_norm_rows' CUDA kernel, the SiLU MLP) within 1.5x the reference's
+    own error against float64, inference at 224x224 and a training step."""
+    for k, v in OPT_IN.items():
+        monkeypatch.setenv(k, v)
+    _low_precision_check("cuda", dtype, 3, 224 if not train else 96, 224 if not train else 112, train=train)
 
 
 @cuda_only
