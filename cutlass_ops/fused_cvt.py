@@ -29,8 +29,9 @@ differs.  What runs where, per forward:
       Train mode: the real ``nn.BatchNorm2d`` after the conv (batch statistics, running
       statistics updated).
     - the q/k/v/out linears, the MLP linears (``F.linear``), QuickGELU (opt-in,
-      CUTLASS_OPS_CVT_SILU_MLP=1: one SiLU, 1.702 folded into the MLP's weights), residual
-      adds, drop path (timm 0.3.2's, same RNG draws as the reference), dropout;
+      CUTLASS_OPS_CVT_SILU_MLP=1: one SiLU, 1.702 folded into the MLP's weights; opt-in,
+      CUTLASS_OPS_CVT_FUSED_MLP=1: MLPs no wider than 256, i.e. stage 1's, as one FusedMLP
+      kernel), residual adds, drop path (timm 0.3.2's, same RNG draws as the reference), dropout;
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
       whole embed dim, as CvT) on CUDA, matmul-softmax-matmul on the CPU (as the reference),
       the cls token concatenated in front of q, k, v;
@@ -68,6 +69,14 @@ def silu_mlp_enabled() -> bool:
 QUICK_GELU_SCALE = 1.702
 
 
+def fused_mlp_enabled() -> bool:
+    """CUTLASS_OPS_CVT_FUSED_MLP=1: a block MLP no wider than 256 (stage 1's 64 -> 256 -> 64)
+    runs as FusedMLP's generated kernel (fc1, QuickGELU and fc2 in one pass: the 256-wide hidden
+    activation never reaches global memory), with the block's own weights.  Opt-in until timed
+    on a GPU; the kernel compiles at first use (nvcc).  Read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_FUSED_MLP", "0") == "1"
+
+
 def fused_layer_norm_enabled() -> bool:
     """CUTLASS_OPS_CVT_FUSED_LN=1: the blocks' LayerNorms run as ``layer_norm_rows`` (one kernel
     for the residual add before each and the LayerNorm), instead of ATen's add, casts and
@@ -87,6 +96,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
                          spec=spec or CVT13_SPEC)
         self.in_chans = in_chans
         self._folded: dict = {}  # eval-mode dw_bn and SiLU-MLP folds: id(module) -> (key, result)
+        self._mlp_keys: dict = {}  # FusedMLP kernel keys by MLP shape (fused_mlp_enabled)
         self._to_kernel_layouts()
 
     @classmethod
@@ -226,6 +236,12 @@ class FusedCvT(ConvolutionalVisionTransformer):
         a = blk.drop_path(self._attention(blk.attn, h1, h, w))
         h2, x = self._add_layer_norm(x, blk.norm2, a)
         mlp = blk.mlp
+        key = self._fused_mlp_key(mlp, h2) if fused_mlp_enabled() else None
+        if key is not None:
+            weights, biases = [mlp.fc1.weight, mlp.fc2.weight], [mlp.fc1.bias, mlp.fc2.bias]
+            save = torch.is_grad_enabled() and (h2.requires_grad or any(t.requires_grad for t in weights))
+            y, _ = torch.ops.cutlass_ops.fused_mlp(h2.reshape(-1, h2.shape[-1]), weights, biases, key, save)
+            return x, blk.drop_path(y.reshape(*h2.shape[:-1], y.shape[-1]))
         if silu_mlp_enabled():
             w1, b1, w2 = self._cached_fold(mlp, (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight), self._silu_fold)
             y = mlp.drop(F.silu(F.linear(h2, w1, b1)))
@@ -234,6 +250,25 @@ class FusedCvT(ConvolutionalVisionTransformer):
             y = mlp.drop(quick_gelu(F.linear(h2, mlp.fc1.weight, mlp.fc1.bias)))
             y = mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
         return x, blk.drop_path(y)
+
+    def _fused_mlp_key(self, mlp, h: torch.Tensor) -> str | None:
+        """The FusedMLP kernel key for a block MLP's structure (fc1, QuickGELU, fc2), or None
+        where FusedMLP does not take it: wider than 256, dropout active, or weights of another
+        dtype than h (autocast)."""
+        fc1, fc2 = mlp.fc1, mlp.fc2
+        if (max(fc1.in_features, fc1.out_features, fc2.out_features) > 256 or fc1.weight.dtype != h.dtype
+                or (self.training and mlp.drop.p > 0)):
+            return None
+        shape = (fc1.in_features, fc1.out_features, fc2.out_features, fc1.bias is not None, fc2.bias is not None)
+        key = self._mlp_keys.get(shape)
+        if key is None:
+            from .mlp import register_spec
+            from cutlass_ops_gen.mlp import trace_mlp
+            with torch.random.fork_rng(devices=[]):  # the Linears' init must not move the caller's RNG (drop path)
+                model = nn.Sequential(nn.Linear(shape[0], shape[1], bias=shape[3]), QuickGELU(),
+                                      nn.Linear(shape[1], shape[2], bias=shape[4]))
+            key = self._mlp_keys[shape] = register_spec(trace_mlp(model, None))
+        return key
 
     @staticmethod
     def _silu_fold(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor):

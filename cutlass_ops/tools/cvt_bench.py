@@ -38,11 +38,14 @@ from .train_check import plot, train_losses
 
 # FusedCvT's opt-in paths (fused_cvt.py; until these runs time them), by the switches set while
 # its CUDA graph is captured: "fused LN", the LayerNorms as layer_norm_rows; "SiLU MLP",
-# QuickGELU as one SiLU with 1.702 folded into the MLP's weights
+# QuickGELU as one SiLU with 1.702 folded into the MLP's weights; "FusedMLP", stage 1's MLP as
+# one FusedMLP kernel; "all opt-in", the three
 FUSED_CVT_VARIANTS = {
     "FusedCvT fused LN + CUDA graph": ("CUTLASS_OPS_CVT_FUSED_LN",),
     "FusedCvT SiLU MLP + CUDA graph": ("CUTLASS_OPS_CVT_SILU_MLP",),
-    "FusedCvT fused LN, SiLU MLP + CUDA graph": ("CUTLASS_OPS_CVT_FUSED_LN", "CUTLASS_OPS_CVT_SILU_MLP"),
+    "FusedCvT FusedMLP + CUDA graph": ("CUTLASS_OPS_CVT_FUSED_MLP",),
+    "FusedCvT all opt-in + CUDA graph": ("CUTLASS_OPS_CVT_FUSED_LN", "CUTLASS_OPS_CVT_SILU_MLP",
+                                         "CUTLASS_OPS_CVT_FUSED_MLP"),
 }
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",
                      "eager channels_last + CUDA graph",

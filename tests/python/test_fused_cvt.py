@@ -185,14 +185,15 @@ def _low_precision_check(device, dtype, n, h, w, train: bool):
     return fused, xs["fused"]
 
 
-OPT_IN = {"CUTLASS_OPS_CVT_FUSED_LN": "1", "CUTLASS_OPS_CVT_SILU_MLP": "1"}
+OPT_IN = {"CUTLASS_OPS_CVT_FUSED_LN": "1", "CUTLASS_OPS_CVT_SILU_MLP": "1", "CUTLASS_OPS_CVT_FUSED_MLP": "1"}
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_fused_cvt_opt_in_paths_float64(mode, monkeypatch):
-    """The opt-in paths (LayerNorms as layer_norm_rows with the residual adds, QuickGELU as SiLU
-    with 1.702 folded into fc1 and fc2) to float64 rounding: outputs within 1e-12 of the
-    reference, every parameter's gradient within 1e-10 (as the default path)."""
+    """The opt-in paths (LayerNorms as layer_norm_rows with the residual adds, stage 1's MLP as
+    FusedMLP's op, the other MLPs' QuickGELU as SiLU with 1.702 folded into fc1 and fc2) to
+    float64 rounding: outputs within 1e-12 of the reference, every parameter's gradient within
+    1e-10 (as the default path)."""
     for k, v in OPT_IN.items():
         monkeypatch.setenv(k, v)
     test_fused_cvt_gradients_float64(mode)
@@ -342,8 +343,9 @@ def test_fused_cvt_cuda_training(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("train", [False, True])
 def test_fused_cvt_cuda_opt_in_paths(dtype, train, monkeypatch):
-    """The opt-in paths (layer_norm_rows' CUDA kernel, the SiLU MLP) within 1.5x the reference's
-    own error against float64, inference at 224x224 and a training step."""
+    """The opt-in paths (layer_norm_rows' CUDA kernel, stage 1's MLP as a FusedMLP kernel, the
+    SiLU MLP) within 1.5x the reference's own error against float64, inference at 224x224 and a
+    training step."""
     for k, v in OPT_IN.items():
         monkeypatch.setenv(k, v)
     _low_precision_check("cuda", dtype, 3, 224 if not train else 96, 224 if not train else 112, train=train)

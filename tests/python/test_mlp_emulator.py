@@ -61,6 +61,7 @@ def chain(widths, act, last=None, bias=True):
 MODELS = {
     "relu_32_64x5_16": lambda: chain([32, 64, 64, 64, 64, 64, 16], nn.ReLU()),
     "relu_32_128x6_16": lambda: chain([32] + [128] * 6 + [16], nn.ReLU()),   # in place on sm90
+    "cvt_stage1_mlp": lambda: chain([64, 256, 64], Act(lambda x: x * torch.sigmoid(1.702 * x))),  # QuickGELU
     "gelu_19_57_40_7": lambda: chain([19, 57, 40, 7], nn.GELU(), last=nn.Tanh()),
     "odd_57_127_1_84_3": lambda: chain([57, 127, 1, 84, 3], nn.SiLU(), last=nn.Sigmoid()),
     "nobias_softplus_5_24_24_2": lambda: chain([5, 24, 24, 2], nn.Softplus(), bias=False),
