@@ -56,6 +56,8 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Laye
 from .fused_resnet import FusedResNet
 from .ops import conv2d_fused, conv2d_fused_last_kernel, layer_norm_rows
 
+QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
+
 
 def silu_mlp_enabled() -> bool:
     """CUTLASS_OPS_CVT_SILU_MLP=1: each MLP's QuickGELU, x * sigmoid(1.702 x) (three ATen
@@ -64,9 +66,6 @@ def silu_mlp_enabled() -> bool:
     weight, since fc2(x * sigmoid(1.702 x)) = (fc2.weight / 1.702) silu(1.702 x) + fc2.bias.
     Opt-in until timed on a GPU; read per forward."""
     return os.environ.get("CUTLASS_OPS_CVT_SILU_MLP", "0") == "1"
-
-
-QUICK_GELU_SCALE = 1.702
 
 
 def fused_mlp_enabled() -> bool:
