@@ -86,6 +86,23 @@ def test_fused_cvt_eval_fold_cache_follows_the_weights():
     assert fused.stage1.blocks[0].attn.conv_proj_q.bn.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_cvt_batched_folds_equal_per_projection(dtype, monkeypatch):
+    """Eval mode folds all 39 BatchNorms in one batch of ops (_eval_folds): bitwise the same
+    forward as folding each projection on its own, with autograd on (no cache) and off."""
+    ref = reference(seed=6, dtype=dtype).eval()
+    fused = FusedCvT.from_reference(ref)
+    x = _input(2, 48, 64, dtype=dtype)
+    with torch.no_grad():
+        batched = fused(x)
+    grad_on = fused(x).detach()
+    monkeypatch.setattr(FusedCvT, "_eval_folds", lambda self: {})
+    fused._folded.clear()
+    with torch.no_grad():
+        single = fused(x)
+    assert torch.equal(batched, single) and torch.equal(grad_on, single)
+
+
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_fused_cvt_gradients_float64(mode):
     """Train mode: real BatchNorm (batch statistics, running statistics updated), drop path
