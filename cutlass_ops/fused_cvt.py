@@ -293,8 +293,8 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def _eval_folds(self) -> dict:
         """The eval-mode BatchNorm folds of all dw_bn projections at once, {id(proj): (weight,
         bias)}, the same arithmetic as _folded_dw_bn on the projections' tensors concatenated:
-        about 17 kernels instead of about 11 per projection (39 in CvT-13; in the H100 run's
-        graphed forward, 573 kernels under 3.5 us took 1.0 ms of the 9.93, most of them these),
+        20 ops instead of 14 per projection (39 in CvT-13: 546; in the H100 run's graphed
+        forward, 573 kernels under 3.5 us took 1.0 ms of the 9.93, most of them these),
         which matters where the fold cannot be cached (a CUDA graph, autograd, torch.compile).
         Cached like each projection's fold.  {} where the projections' dtypes or eps differ (or
         none is in eval mode): _dw_bn then folds each on its own."""
