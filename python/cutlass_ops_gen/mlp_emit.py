@@ -317,22 +317,26 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_kernel(const BwdParams p) {{
 """)
     cur, nxt = "t0", "t1"
     for i in reversed(range(L)):
-        l = layers[i]
-        off, rows, stride = cfg.resident[i]
         out.append(_bwd_elementwise(spec, i, cur, "    "))
-        gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}, "
-                f"{_cbool(cfg.inplace)}>({cur}, {nxt}, wres + {off});")
-        if i > 0:
-            out.append(f"    {gemm}\n")
-        else:
-            out.append(f"    if (p.dx != nullptr) {{\n      {gemm}\n"
-                       f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
+        out.append(_resident_bwd_gemm(cfg, layers[i], i, cur, nxt, k0, cfg.inplace))
         cur, nxt = nxt, cur
     out.append("""    __syncwarp();
   }
 }
 """)
     return "".join(out)
+
+
+def _resident_bwd_gemm(cfg: Config, layer, i: int, cur: str, nxt: str, k0: int, inplace: bool) -> str:
+    """Layer i's g = dz . W_i from tile cur into nxt (resident weight); for the first layer only
+    where dx is wanted, then dx to global."""
+    off, _, stride = cfg.resident[i]
+    gemm = (f"fmlp::bwd_gemm_resident<T, {layer.in_features}, {layer.out_features}, MT, NC, SA, {stride}, "
+            f"{_cbool(inplace)}>({cur}, {nxt}, wres + {off});")
+    if i > 0:
+        return f"    {gemm}\n"
+    return (f"    if (p.dx != nullptr) {{\n      {gemm}\n"
+            f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
 
 
 def _dw_units_loop(layer, units_cfg: tuple, indent: str, body: str) -> str:
@@ -398,8 +402,7 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
     cur, nxt = "t0", "t1"
     for i in reversed(range(L)):
         l = layers[i]
-        off, rows, stride = cfg.resident[i]
-        g, units, per_warp = cfg.dw_units[i]
+        g = cfg.dw_units[i][0]
         if spec.saves_pre_activation(i):
             out.append(f"    fmlp::bwd_act_rows<T, Act{i}, {l.out_features}, MT, SA, false, {l.out_padded}, false>"
                        f"({cur}, p.z[{i}] + wrow0 * {l.out_padded}, nullptr, wrow0, p.M);\n")
@@ -412,13 +415,7 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
         out.append(f"    __syncthreads();  // every warp is done with the tiles of layer {i + 1}'s dW\n"
                    f"    fmlp::warp_load_rows_async<T, BM, {cols}, fmlp::pad16({l.in_padded}), SA>"
                    f"(ta, {src}, wrow0, p.M);\n    fmlp::cp_commit();\n")
-        gemm = (f"fmlp::bwd_gemm_resident<T, {l.in_features}, {l.out_features}, MT, NC, SA, {stride}>({cur}, {nxt}, "
-                f"wres + {off});")
-        if i > 0:
-            out.append(f"    {gemm}\n")
-        else:
-            out.append(f"    if (p.dx != nullptr) {{\n      {gemm}\n"
-                       f"      fmlp::store_rows<T, BM, {k0}, SA, 32>(p.dx, {nxt}, wrow0, p.M, lane);\n    }}\n")
+        out.append(_resident_bwd_gemm(cfg, l, i, cur, nxt, k0, inplace=False))
         out.append("    fmlp::cp_wait<0>();\n    __syncthreads();\n")
         out.append(_dw_units_loop(l, cfg.dw_units[i], "    ",
                                   f"fmlp::dw_unit<T, {g}, MT, DW_WARPS, SA, WSTRIDE>(dw{i}[u], tiles + {tile[cur]}, "
@@ -435,6 +432,59 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
                                   f"m0, n0, ntiles);"))
     out.append("}\n")
     return "".join(out)
+
+
+# The kernels' parameters from the host entry points' arguments (the CUDA host side below and
+# the CPU emulator's harness, tests/cuda_emulator/mlp_harness.cpp, both build them here).
+PARAMS = """
+static inline FwdParams fwd_params(const void* x, void* y, const void* const* w, const void* const* b, void* const* z,
+                                   void* const* a, long long M, int save) {
+  FwdParams p;
+  p.x = static_cast<const T*>(x);
+  p.y = static_cast<T*>(y);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.b[i] = static_cast<const T*>(b[i]);
+    p.z[i] = save ? static_cast<T*>(z[i]) : nullptr;
+    p.a[i] = save ? static_cast<T*>(a[i]) : nullptr;
+  }
+  return p;
+}
+
+static inline BwdParams bwd_params(const void* dy, void* dx, const void* const* z, const void* const* w,
+                                   void* const* dz, void* const* db, long long M) {
+  BwdParams p;
+  p.dy = static_cast<const T*>(dy);
+  p.dx = static_cast<T*>(dx);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.z[i] = static_cast<const T*>(z[i]);
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.dz[i] = static_cast<T*>(dz[i]);
+    p.db[i] = static_cast<float*>(db[i]);
+  }
+  return p;
+}
+
+static inline BwdDwParams bwd_dw_params(const void* dy, void* dx, const void* x, const void* const* z,
+                                        const void* const* a, const void* const* w, void* const* dw, void* const* db,
+                                        long long M) {
+  BwdDwParams p;
+  p.dy = static_cast<const T*>(dy);
+  p.dx = static_cast<T*>(dx);
+  p.x = static_cast<const T*>(x);
+  p.M = M;
+  for (int i = 0; i < L; ++i) {
+    p.z[i] = static_cast<const T*>(z[i]);
+    p.a[i] = static_cast<const T*>(a[i]);
+    p.w[i] = static_cast<const T*>(w[i]);
+    p.dw[i] = static_cast<float*>(dw[i]);
+    p.db[i] = static_cast<float*>(db[i]);
+  }
+  return p;
+}
+"""
 
 
 DW_HOST = """
@@ -469,18 +519,7 @@ extern "C" int fmlp_bwd_dw(int device, const void* dy, void* dx, const void* x, 
   if (M <= 0) return 0;
   int e = ensure_device(device);
   if (e) return e;
-  BwdDwParams p;
-  p.dy = static_cast<const T*>(dy);
-  p.dx = static_cast<T*>(dx);
-  p.x = static_cast<const T*>(x);
-  p.M = M;
-  for (int i = 0; i < L; ++i) {
-    p.z[i] = static_cast<const T*>(z[i]);
-    p.a[i] = static_cast<const T*>(a[i]);
-    p.w[i] = static_cast<const T*>(w[i]);
-    p.dw[i] = static_cast<float*>(dw[i]);
-    p.db[i] = static_cast<float*>(db[i]);
-  }
+  const BwdDwParams p = bwd_dw_params(dy, dx, x, z, a, w, dw, db, M);
   unsigned grid = 0;
   e = dw_grid(device, M, &grid);
   if (e) return e;
@@ -521,6 +560,7 @@ struct BwdParams {{ const T* dy; T* dx; const T* z[L]; const T* w[L]; T* dz[L]; 
 struct BwdDwParams {{ const T* dy; T* dx; const T* x; const T* z[L]; const T* a[L]; const T* w[L]; float* dw[L];
                       float* db[L]; long long M; }};
 """)
+    out.append(PARAMS)
     out.append(_resident_kernels(spec, cfg) if cfg.resident_warps else _streamed_kernels(spec, cfg))
     if cfg.dw_warps:
         out.append(_resident_dw_kernel(spec, cfg))
@@ -577,16 +617,7 @@ extern "C" int fmlp_fwd(int device, const void* x, void* y, const void* const* w
   if (M <= 0) return 0;
   int e = ensure_device(device);
   if (e) return e;
-  FwdParams p;
-  p.x = static_cast<const T*>(x);
-  p.y = static_cast<T*>(y);
-  p.M = M;
-  for (int i = 0; i < L; ++i) {
-    p.w[i] = static_cast<const T*>(w[i]);
-    p.b[i] = static_cast<const T*>(b[i]);
-    p.z[i] = save ? static_cast<T*>(z[i]) : nullptr;
-    p.a[i] = save ? static_cast<T*>(a[i]) : nullptr;
-  }
+  const FwdParams p = fwd_params(x, y, w, b, z, a, M, save);
   unsigned grid = 0;
   e = save ? grid_size(fwd_kernel<true>, SMEM_FWD, device, M, &grid) : grid_size(fwd_kernel<false>, SMEM_FWD, device, M, &grid);
   if (e) return e;
@@ -604,16 +635,7 @@ extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const*
   if (M <= 0) return 0;
   int e = ensure_device(device);
   if (e) return e;
-  BwdParams p;
-  p.dy = static_cast<const T*>(dy);
-  p.dx = static_cast<T*>(dx);
-  p.M = M;
-  for (int i = 0; i < L; ++i) {
-    p.z[i] = static_cast<const T*>(z[i]);
-    p.w[i] = static_cast<const T*>(w[i]);
-    p.dz[i] = static_cast<T*>(dz[i]);
-    p.db[i] = static_cast<float*>(db[i]);
-  }
+  const BwdParams p = bwd_params(dy, dx, z, w, dz, db, M);
   unsigned grid = 0;
   e = grid_size(bwd_kernel, SMEM_BWD, device, M, &grid);
   if (e) return e;

@@ -1,6 +1,7 @@
 // Entry points that run one generated FusedMLP source's kernels on the CPU emulator
 // (cuda_emulate_prelude.h), with the parameters the real host side (mlp_emit's fmlp_fwd,
-// fmlp_bwd, fmlp_bwd_dw) would pass.  Built by tests/python/test_mlp_emulator.py:
+// fmlp_bwd, fmlp_bwd_dw) passes: the generated source's fwd_params / bwd_params /
+// bwd_dw_params build them for both.  Built by tests/python/test_mlp_emulator.py:
 //   g++ -DFMLP_EMULATE -DKERNEL_SOURCE='"model.cu"' [-DHAS_BWD_DW] -include cuda_emulate_prelude.h
 // The grid is the caller's: streamed kernels need ceil(M / BM) CTAs, resident ones any number
 // (a grid-stride loop).  Each returns 0, or 1 on a deadlock.
@@ -12,16 +13,7 @@ alignas(16) unsigned char smem[232448];
 
 extern "C" int emu_fwd(int save, const void* x, void* y, const void* const* w, const void* const* b, void* const* z,
                        void* const* a, long long M, unsigned grid, unsigned seed) {
-  FwdParams p;
-  p.x = static_cast<const T*>(x);
-  p.y = static_cast<T*>(y);
-  p.M = M;
-  for (int i = 0; i < L; ++i) {
-    p.w[i] = static_cast<const T*>(w[i]);
-    p.b[i] = static_cast<const T*>(b[i]);
-    p.z[i] = save ? static_cast<T*>(z[i]) : nullptr;
-    p.a[i] = save ? static_cast<T*>(a[i]) : nullptr;
-  }
+  const FwdParams p = fwd_params(x, y, w, b, z, a, M, save);
   auto body = [&] {
     if (save)
       fwd_kernel<true>(p);
@@ -33,16 +25,7 @@ extern "C" int emu_fwd(int save, const void* x, void* y, const void* const* w, c
 
 extern "C" int emu_bwd(const void* dy, void* dx, const void* const* z, const void* const* w, void* const* dz,
                        void* const* db, long long M, unsigned grid, unsigned seed) {
-  BwdParams p;
-  p.dy = static_cast<const T*>(dy);
-  p.dx = static_cast<T*>(dx);
-  p.M = M;
-  for (int i = 0; i < L; ++i) {
-    p.z[i] = static_cast<const T*>(z[i]);
-    p.w[i] = static_cast<const T*>(w[i]);
-    p.dz[i] = static_cast<T*>(dz[i]);
-    p.db[i] = static_cast<float*>(db[i]);
-  }
+  const BwdParams p = bwd_params(dy, dx, z, w, dz, db, M);
   return cuda_emu::launch([&] { bwd_kernel(p); }, grid, THREADS, fmlp_model::smem, SMEM_BWD, seed) ? 0 : 1;
 }
 
@@ -50,18 +33,7 @@ extern "C" int emu_bwd(const void* dy, void* dx, const void* const* z, const voi
 extern "C" int emu_bwd_dw(const void* dy, void* dx, const void* x, const void* const* z, const void* const* a,
                           const void* const* w, void* const* dw, void* const* db, long long M, unsigned grid,
                           unsigned seed) {
-  BwdDwParams p;
-  p.dy = static_cast<const T*>(dy);
-  p.dx = static_cast<T*>(dx);
-  p.x = static_cast<const T*>(x);
-  p.M = M;
-  for (int i = 0; i < L; ++i) {
-    p.z[i] = static_cast<const T*>(z[i]);
-    p.a[i] = static_cast<const T*>(a[i]);
-    p.w[i] = static_cast<const T*>(w[i]);
-    p.dw[i] = static_cast<float*>(dw[i]);
-    p.db[i] = static_cast<float*>(db[i]);
-  }
+  const BwdDwParams p = bwd_dw_params(dy, dx, x, z, a, w, dw, db, M);
   return cuda_emu::launch([&] { bwd_dw_kernel(p); }, grid, DW_WARPS * 32, fmlp_model::smem, SMEM_DW, seed) ? 0 : 1;
 }
 #endif

@@ -16,8 +16,8 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from _mlp_models import Act, chain as _chain
 from cutlass_ops.mlp import FusedMLP, _kernel, cache_dir  # noqa: F401
 
 HAS_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
@@ -26,27 +26,9 @@ gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer
 TARGET = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}
 
 
-class Act(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 def chain(widths, act, last=None, bias=True, seed=0, init=None):
-    torch.manual_seed(seed)
-    mods = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        lin = nn.Linear(a, b, bias=bias)
-        if init is not None:
-            init(lin, i)
-        mods.append(lin)
-        f = act if i < len(widths) - 2 else last
-        if f is not None:
-            mods.append(f)
-    return nn.Sequential(*mods)
+    """_mlp_models.chain under seed 0 unless told otherwise (each model's weights fixed)."""
+    return _chain(widths, act, last, bias, seed, init)
 
 
 def _siren_init(lin, i):
@@ -348,14 +330,14 @@ def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
 
 @gpu
 def test_gpu_random_models():
-    """Issue 19's numerics criterion: 200 random models (_mlp_random: depth 1-8, widths 1-256,
+    """Issue 19's numerics criterion: 200 random models (_mlp_models: depth 1-8, widths 1-256,
     activations from the list and compositions), alternately fp16 and bf16, at random row counts:
     the output within the target against float64 (or, where PyTorch's own same-dtype run misses
     it too, within 2x that), and every gradient as _check_grads bounds it.  The kernels compile
     8 at a time first.  The same models' kernels run on the CPU emulator in CI."""
     import random
     from concurrent.futures import ThreadPoolExecutor
-    from _mlp_random import random_mlp
+    from _mlp_models import random_mlp
     cases = []
     for seed in range(200):
         name, model = random_mlp(seed)

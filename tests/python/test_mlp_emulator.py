@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from _mlp_random import random_mlp
+from _mlp_models import Act, chain, random_mlp
 from cutlass_ops.mlp import _backward_math, _forward_math
 from cutlass_ops_gen.mlp import trace_mlp
 from cutlass_ops_gen.mlp_emit import emit
@@ -37,25 +37,6 @@ SM90, SM80 = 232448, 166912
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 CPU_PATH_TOL = {torch.float16: 5e-4, torch.bfloat16: 2.5e-3}   # kernel vs the op's CPU path
 F64_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}            # issue 19's bound vs float64
-
-
-class Act(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
-def chain(widths, act, last=None, bias=True):
-    mods = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        mods.append(nn.Linear(a, b, bias=bias))
-        f = act if i < len(widths) - 2 else last
-        if f is not None:
-            mods.append(f)
-    return nn.Sequential(*mods)
 
 
 MODELS = {
@@ -275,7 +256,7 @@ RANDOM_MODELS = int(os.environ.get("CUTLASS_OPS_EMU_RANDOM_MODELS", "16"))
 
 @pytest.mark.parametrize("seed", range(RANDOM_MODELS))
 def test_random_models(seed, work):
-    """Issue 19's random models (_mlp_random: depth 1-8, widths 1-256, activations from the list
+    """Issue 19's random models (_mlp_models: depth 1-8, widths 1-256, activations from the list
     and compositions; the GPU runs 200 in test_fused_mlp.py), each in one dtype, on a shared-memory
     limit drawn from sm90/sm80/sm86 (so resident, in-place and streamed shapes all come up): the
     forward with saves, the backward and, where the model has it, the fused weight-gradient

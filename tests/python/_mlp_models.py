@@ -1,6 +1,8 @@
-"""Random FusedMLP models for issue 19's numerics criterion ("200 random models: depth 1-8,
-widths 1-256, random activations from the list and compositions"), drawn the same way by the
-CPU emulator test (test_mlp_emulator.py) and the GPU test (test_fused_mlp.py)."""
+"""Models for the FusedMLP tests: ``chain`` (a Sequential of Linear layers with an activation
+between them and optionally after the last) and ``Act`` (any elementwise function as a module),
+and ``random_mlp``, issue 19's numerics criterion ("200 random models: depth 1-8, widths 1-256,
+random activations from the list and compositions"), drawn the same way by the CPU emulator
+test (test_mlp_emulator.py) and the GPU test (test_fused_mlp.py)."""
 from __future__ import annotations
 
 import random
@@ -10,7 +12,7 @@ import torch.nn as nn
 
 
 class Act(nn.Module):
-    def __init__(self, fn, name):
+    def __init__(self, fn, name: str = ""):
         super().__init__()
         self.fn, self.name = fn, name
 
@@ -19,6 +21,24 @@ class Act(nn.Module):
 
     def extra_repr(self):
         return self.name
+
+
+def chain(widths, act, last=None, bias=True, seed=None, init=None):
+    """Linear layers widths[0] -> widths[1] -> ..., ``act`` after each but the last, ``last``
+    after the last (modules, or None); under torch.manual_seed(seed) if given; init(linear, i)
+    may set a layer's weights."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    mods = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        lin = nn.Linear(a, b, bias=bias)
+        if init is not None:
+            init(lin, i)
+        mods.append(lin)
+        f = act if i < len(widths) - 2 else last
+        if f is not None:
+            mods.append(f)
+    return nn.Sequential(*mods)
 
 
 def _sin(r):
