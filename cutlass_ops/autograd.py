@@ -346,7 +346,6 @@ def _ln_setup(ctx, inputs, output):
     x, residual, weight, bias, eps = inputs
     _, s, mean, rstd = output
     ctx.has_residual = residual is not None
-    ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
     ctx.save_for_backward(s if residual is not None else x, weight, bias, mean, rstd)
     ctx.set_materialize_grads(False)
 
