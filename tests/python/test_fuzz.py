@@ -586,6 +586,40 @@ def run_fused_mlp(c, device):
     return fail
 
 
+def draw_layer_norm_rows(rng):
+    rank = rng.randint(1, 3)
+    lead = [0 if rng.random() < 0.05 else rng.randint(1, 40) for _ in range(rank - 1)]
+    cols = rng.choice([_dims(rng, hi=384), rng.randint(1, 600), rng.choice([64, 192, 384, 2048, 2056])])
+    return dict(shape=lead + [cols], dtype=str(_dtype(rng))[6:], residual=rng.random() < 0.6,
+                affine=rng.random() < 0.85, x_layout=rng.choice(["nchw", "strided", "offset"]),
+                r_layout=rng.choice(["nchw", "strided", "offset"]), special=_special(rng),
+                seed=rng.randrange(2**31))
+
+
+def run_layer_norm_rows(c, device):
+    """y = LayerNorm(x + residual) (float32 statistics for 16-bit x) and the sum against float64:
+    the sum exactly x + residual rounded to the dtype, y within the bound of PyTorch's own
+    LayerNorm in float32 on the rounded sum (as CvT's LayerNorm)."""
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    x = make(c["shape"], dtype, device, c["x_layout"], g, scale=2.0, special=c["special"])
+    r = make(c["shape"], dtype, device, c["r_layout"], g) if c["residual"] else None
+    cols = c["shape"][-1]
+    w = (torch.rand(cols, generator=g) + 0.5).to(device) if c["affine"] else None
+    b = torch.randn(cols, generator=g).to(device) if c["affine"] else None
+    y, s = ops.layer_norm_rows(x, w, b, 1e-5, r)
+    s_want = x if r is None else x + r
+    if r is not None:
+        same = (d64(s) == d64(s_want)) | (torch.isnan(d64(s)) & torch.isnan(d64(s_want)))
+        if s.shape != s_want.shape or not same.all():
+            return "sum: not exactly x + residual in the dtype"
+    ref = F.layer_norm(d64(s_want), [cols], d64(w), d64(b), 1e-5)
+    own = F.layer_norm(s_want.float(), [cols], w, b, 1e-5).to(dtype)
+    fail = compare("y", y, ref, own, dtype)
+    if not fail and (y.dtype != dtype or y.device != x.device):
+        fail = f"y: {y.dtype} on {y.device}"
+    return fail
+
+
 def make_like(vals, dtype, device, layout, g):
     """`vals` (float64, CPU) as a tensor of `dtype` on `device` in `layout` (see make)."""
     t = make(vals.shape, dtype, "cpu", layout, g)
@@ -616,6 +650,7 @@ OPS = {
     "space_to_depth_conv_weight_grad": (draw_space_to_depth_conv, run_space_to_depth_conv_weight_grad),
     "giou_loss": (draw_giou_loss, run_giou_loss),
     "fused_mlp": (draw_fused_mlp, run_fused_mlp),
+    "layer_norm_rows": (draw_layer_norm_rows, run_layer_norm_rows),
 }
 
 

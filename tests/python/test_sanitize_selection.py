@@ -255,6 +255,22 @@ def test_giou_forward_backward(dtype, form):
     assert torch.isfinite(loss) and torch.isfinite(p.grad).all() and torch.isfinite(t.grad).all()
 
 
+# ---- layer_norm_rows: the LayerNorm kernel (16-byte and element-wise rows, with the add) -------
+
+@pytest.mark.parametrize("cols", [64, 57])
+def test_layer_norm_rows_forward_backward(cols):
+    torch.manual_seed(cols)
+    x = _r(33, cols).requires_grad_()
+    r = _r(33, cols, seed=1).requires_grad_()
+    w = (torch.rand(cols, device="cuda") + 0.5).requires_grad_()
+    b = torch.randn(cols, device="cuda").requires_grad_()
+    y, s = cutlass_ops.ops.layer_norm_rows(x, w, b, 1e-5, r)
+    (y.float().square().sum() + s.float().sum()).backward()
+    want = torch.nn.functional.layer_norm((x + r).float(), [cols], w, b, 1e-5)
+    assert errors(y, want)[0] < 1e-2
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (x, r, w, b))
+
+
 # ---- FusedMLP: the generated forward and backward kernels (odd widths: padding inside) -------------
 
 @pytest.mark.parametrize("rows", [1, 131])
