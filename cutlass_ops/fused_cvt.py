@@ -95,8 +95,8 @@ class FusedCvT(ConvolutionalVisionTransformer):
                          spec=spec or CVT13_SPEC)
         self.in_chans = in_chans
         self._folded: dict = {}  # eval-mode dw_bn and SiLU-MLP folds: id(module) -> (key, result)
-        self._mlp_keys: dict = {}  # FusedMLP kernel keys by MLP shape (fused_mlp_enabled)
         self._to_kernel_layouts()
+        self._register_fused_mlps()
 
     @classmethod
     def from_reference(cls, model: ConvolutionalVisionTransformer) -> "FusedCvT":
@@ -252,23 +252,33 @@ class FusedCvT(ConvolutionalVisionTransformer):
             y = mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
         return x, blk.drop_path(y)
 
+    def _register_fused_mlps(self) -> None:
+        """Each block MLP FusedMLP can take (fc1, QuickGELU, fc2, no wider than 256: stage 1's)
+        gets its kernel key as ``_fused_mlp_key`` (None for the others), traced once per shape
+        here rather than in the forward, which torch.compile then traces without a break."""
+        from cutlass_ops_gen.mlp import trace_mlp
+        from .mlp import register_spec
+        keys: dict = {}
+        for stage in self.stages():
+            for blk in stage.blocks:
+                fc1, fc2 = blk.mlp.fc1, blk.mlp.fc2
+                shape = (fc1.in_features, fc1.out_features, fc2.out_features, fc1.bias is not None, fc2.bias is not None)
+                if max(shape[:3]) > 256:
+                    blk.mlp._fused_mlp_key = None
+                    continue
+                if shape not in keys:
+                    with torch.random.fork_rng(devices=[]):  # the Linears' init must not move the caller's RNG
+                        model = nn.Sequential(nn.Linear(shape[0], shape[1], bias=shape[3]), QuickGELU(),
+                                              nn.Linear(shape[1], shape[2], bias=shape[4]))
+                    keys[shape] = register_spec(trace_mlp(model, None))
+                blk.mlp._fused_mlp_key = keys[shape]
+
     def _fused_mlp_key(self, mlp, h: torch.Tensor) -> str | None:
-        """The FusedMLP kernel key for a block MLP's structure (fc1, QuickGELU, fc2), or None
-        where FusedMLP does not take it: wider than 256, dropout active, or weights of another
-        dtype than h (autocast)."""
-        fc1, fc2 = mlp.fc1, mlp.fc2
-        if (max(fc1.in_features, fc1.out_features, fc2.out_features) > 256 or fc1.weight.dtype != h.dtype
-                or (self.training and mlp.drop.p > 0)):
+        """The MLP's FusedMLP kernel key (_register_fused_mlps), or None where FusedMLP does not
+        take it: wider than 256, dropout active, or weights of another dtype than h (autocast)."""
+        key = getattr(mlp, "_fused_mlp_key", None)
+        if key is None or mlp.fc1.weight.dtype != h.dtype or (self.training and mlp.drop.p > 0):
             return None
-        shape = (fc1.in_features, fc1.out_features, fc2.out_features, fc1.bias is not None, fc2.bias is not None)
-        key = self._mlp_keys.get(shape)
-        if key is None:
-            from .mlp import register_spec
-            from cutlass_ops_gen.mlp import trace_mlp
-            with torch.random.fork_rng(devices=[]):  # the Linears' init must not move the caller's RNG (drop path)
-                model = nn.Sequential(nn.Linear(shape[0], shape[1], bias=shape[3]), QuickGELU(),
-                                      nn.Linear(shape[1], shape[2], bias=shape[4]))
-            key = self._mlp_keys[shape] = register_spec(trace_mlp(model, None))
         return key
 
     @staticmethod

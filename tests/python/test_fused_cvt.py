@@ -216,6 +216,22 @@ def test_fused_cvt_opt_in_paths_float64(mode, monkeypatch):
     test_fused_cvt_gradients_float64(mode)
 
 
+def test_fused_cvt_opt_in_paths_torch_compile_fullgraph(monkeypatch):
+    """With every opt-in path on (layer_norm_rows, FusedMLP's op, the SiLU fold), FusedCvT
+    compiles as one graph (the ops' fake impls; no trace-time work in the forward) and matches
+    the reference, gradients included."""
+    for k, v in OPT_IN.items():
+        monkeypatch.setenv(k, v)
+    torch._dynamo.reset()
+    ref = reference(seed=3, dtype=torch.float32).eval()
+    fused = FusedCvT.from_reference(ref)
+    x = _input(2, 48, 64, dtype=torch.float32)
+    y = torch.compile(fused, backend="aot_eager", fullgraph=True)(x)
+    assert errors(y, ref(x))[0] < 1e-5
+    y.square().sum().backward()
+    assert all(p.grad is not None for p in fused.parameters())
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_fused_cvt_opt_in_paths_bfloat16_cpu(train, monkeypatch):
     for k, v in OPT_IN.items():
