@@ -6,18 +6,11 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common/half_chunk.cuh"
 #include "layer_norm/layer_norm_kernel.h"
 
 namespace cutlass_ops {
 namespace layer_norm {
-
-__device__ __forceinline__ float ln_to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ln_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T ln_from_float(float v);
-template <> __device__ __forceinline__ __half ln_from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 ln_from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // sum over the kLanes lanes of a row's group (xor offsets below kLanes stay in the group)
 template <int kLanes>
@@ -71,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
             rv[0] = r[at];
           }
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) xv[e] = ln_from_float<T>(ln_to_float(xv[e]) + ln_to_float(rv[e]));
+          for (int e = 0; e < kVec; ++e) xv[e] = from_float<T>(to_float(xv[e]) + to_float(rv[e]));
           if constexpr (kVec == 8) {
             *reinterpret_cast<uint4*>(s + at) = *reinterpret_cast<uint4 const*>(xv);
           } else {
@@ -80,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
         }
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          v[k][e] = ln_to_float(xv[e]);
+          v[k][e] = to_float(xv[e]);
           total += v[k][e];
         }
       }
@@ -111,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
           const float w = a.weight ? a.weight[c + e] : 1.0f, b = a.bias ? a.bias[c + e] : 0.0f;
-          out[e] = ln_from_float<T>((v[k][e] - mean) * rstd * w + b);
+          out[e] = from_float<T>((v[k][e] - mean) * rstd * w + b);
         }
         const long long at = row * a.cols + c;
         if constexpr (kVec == 8) {
@@ -131,11 +124,9 @@ struct LayerNormShape {
   int vec, lanes, chunks;
 };
 
-inline bool ln_aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 inline LayerNormShape layer_norm_shape(LayerNormArgs const& a) {
-  const bool vec8 = a.cols % 8 == 0 && ln_aligned16(a.x) && ln_aligned16(a.y) &&
-                    (a.residual == nullptr || (ln_aligned16(a.residual) && ln_aligned16(a.sum)));
+  const bool vec8 = a.cols % 8 == 0 && aligned16(a.x) && aligned16(a.y) &&
+                    (a.residual == nullptr || (aligned16(a.residual) && aligned16(a.sum)));
   const int vec = vec8 ? 8 : 1, n = a.cols / vec;
   if (vec8) {
     if (n <= 4) return {8, 4, 1};
