@@ -27,9 +27,8 @@ Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.custom_op`
   dW_l = dz_l^T a_{l-1}: with ``fused_dw`` the kernel accumulates them itself (per-CTA float32
   partials, summed in a fixed order) and returns them as dw (dz empty); without, it writes dz_l
   and autograd's backward runs the GEMMs over the batch with torch (cuBLAS on CUDA; dw empty).
-  Autograd asks for ``fused_dw`` with ``CUTLASS_OPS_MLP_FUSED_DW=1`` where the model's kernel has
-  it (resident weights whose dW fits in registers, e.g. width 64).  Opt-in: it has run on the CPU
-  emulator (tests/cuda_emulator), not yet on a GPU.
+  Autograd asks for ``fused_dw`` where the model's kernel has it (resident weights whose dW fits
+  in registers, e.g. width 64; ``CUTLASS_OPS_MLP_FUSED_DW=0`` turns it off).
 - Autograd (``register_autograd``), fake impls for torch.compile, CPU impls (the same math and
   rounding points in float32, or float64 for float64 inputs).
 
@@ -139,7 +138,7 @@ def aot_library(source: str, arch: str) -> Optional[Path]:
 class _Kernel:
     """One compiled and loaded model kernel (one spec, dtype, device)."""
 
-    def __init__(self, spec: MlpSpec, dtype: torch.dtype, device: torch.device):
+    def __init__(self, spec: MlpSpec, dtype: torch.dtype, device: torch.device, inplace: bool):
         self.spec, self.dtype, self.device = spec, dtype, device
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device_index = index
@@ -150,7 +149,7 @@ class _Kernel:
         self.arch = f"{major}{minor}"
         smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
         self.source, self.config = mlp_emit.emit(spec, _CUDA_DTYPES[dtype], smem, resident=_resident_allowed(),
-                                                 inplace=_inplace_allowed())
+                                                 inplace=inplace)
         self.compile_seconds = None
         aot = aot_library(self.source, self.arch)
         self.ahead_of_time = aot is not None
@@ -225,23 +224,29 @@ class _Kernel:
 
 def _fused_weight_grads(spec: MlpSpec, x: torch.Tensor) -> bool:
     """Whether the backward computes the weight gradients in its kernel (resident models whose dW
-    fits in registers, on CUDA in float16/bfloat16) rather than as GEMMs over saved dz.  Opt-in
-    (CUTLASS_OPS_MLP_FUSED_DW=1; read per call) until it has been timed on a GPU: so far it has
-    run on the CPU emulator only (tests/python/test_mlp_emulator.py).  Decided from the config
-    alone (no compile), so a torch.compile trace with fake tensors decides the same."""
-    if x.device.type != "cuda" or x.dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_FUSED_DW", "0") != "1":
+    fits in registers, on CUDA in float16/bfloat16) rather than as GEMMs over saved dz.  On by
+    default since the H200 run (32-64x4-16, training step at 2^21 rows: 1.72 ms against 2.12 ms
+    with the GEMMs; docs/results/mlp_h200_session11/); CUTLASS_OPS_MLP_FUSED_DW=0 turns it off
+    (read per call).  Decided from the config alone (no compile), so a torch.compile trace with
+    fake tensors decides the same."""
+    if x.device.type != "cuda" or x.dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_FUSED_DW", "1") == "0":
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-    return mlp_emit.choose_config(spec, smem, resident=_resident_allowed(), inplace=_inplace_allowed()).dw_warps > 0
+    return mlp_emit.choose_config(spec, smem, resident=_resident_allowed(),
+                                  inplace=_inplace_allowed(inference=False)).dw_warps > 0
 
 
-def _inplace_allowed() -> bool:
-    """CUTLASS_OPS_MLP_INPLACE=1: models whose weights fit in shared memory beside one activation
-    tile per warp but not two (e.g. 32-128x6-16 on sm90) keep them resident and compute each
-    layer in place, instead of streaming them.  Opt-in until timed on a GPU (so far run on the
-    CPU emulator only); read per call, both kernels cached side by side."""
-    return os.environ.get("CUTLASS_OPS_MLP_INPLACE", "0") == "1"
+def _inplace_allowed(inference: bool) -> bool:
+    """Whether models whose weights fit in shared memory beside one activation tile per warp but
+    not two (e.g. 32-128x6-16 on sm90) keep them resident and compute each layer in place,
+    instead of streaming them.  By default for forwards without grad only: on the H200 the
+    in-place kernel ran 32-128x6-16's inference at 2^21 rows in 1.43 ms against 2.32 ms streamed,
+    but its training step in 11.96 ms against 11.11 (docs/results/mlp_h200_session11/).
+    CUTLASS_OPS_MLP_INPLACE=1 uses it for every call, =0 for none; read per call, both kernels
+    cached side by side."""
+    flag = os.environ.get("CUTLASS_OPS_MLP_INPLACE", "")
+    return flag == "1" if flag in ("0", "1") else inference
 
 
 def _resident_allowed() -> bool:
@@ -255,9 +260,12 @@ _LOCK = threading.Lock()
 _KEY_LOCKS: dict[tuple, threading.Lock] = {}
 
 
-def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
+def _kernel(key: str, dtype: torch.dtype, device: torch.device, inference: bool = False) -> _Kernel:
+    """The model's kernel for a training forward and the backward, or (inference) for a forward
+    without save: the two differ where the in-place shape applies (_inplace_allowed)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    k = (key, dtype, index, _resident_allowed(), _inplace_allowed())
+    inplace = _inplace_allowed(inference)
+    k = (key, dtype, index, _resident_allowed(), inplace)
     kern = _KERNELS.get(k)
     if kern is None:
         # one lock per kernel: threads compiling different models run their nvcc side by side
@@ -266,7 +274,7 @@ def _kernel(key: str, dtype: torch.dtype, device: torch.device) -> _Kernel:
         with lock:
             kern = _KERNELS.get(k)
             if kern is None:
-                kern = _KERNELS[k] = _Kernel(_spec(key), dtype, torch.device("cuda", index))
+                kern = _KERNELS[k] = _Kernel(_spec(key), dtype, torch.device("cuda", index), inplace)
     return kern
 
 
@@ -386,7 +394,7 @@ def _fused_mlp_cuda(x, weights, biases, key, save):
     if x.dtype not in _CUDA_DTYPES:
         _warn_torch_path(x.dtype)
         return _forward_math(x, weights, biases, spec, save)
-    kern = _kernel(key, x.dtype, x.device)
+    kern = _kernel(key, x.dtype, x.device, inference=not save)
     M = x.shape[0]
     x = _aligned(x)
     weights = [_aligned(w) for w in weights]
@@ -652,14 +660,16 @@ class FusedMLP(nn.Module):
         y, _ = torch.ops.cutlass_ops.fused_mlp(x.reshape(-1, self.spec.in_features), weights, biases, self.key, save)
         return y.reshape(*lead, self.spec.out_features)
 
-    def compile_kernel(self, dtype: Optional[torch.dtype] = None, device=None) -> dict:
-        """Compile (or load from the cache) the CUDA kernel now; returns ``kernel_info``'s entry."""
+    def compile_kernel(self, dtype: Optional[torch.dtype] = None, device=None, inference: bool = False) -> dict:
+        """Compile (or load from the cache) the CUDA kernel now; returns ``kernel_info``'s entry.
+        The kernel of training (forward with save, and the backward); inference=True: the one of
+        forwards without grad (the same kernel unless the in-place shape applies)."""
         p = self.weight_0
         dtype = dtype or p.dtype
         device = torch.device(device) if device is not None else p.device
         if dtype not in _CUDA_DTYPES or device.type != "cuda":
             raise ValueError(f"FusedMLP kernels are for float16/bfloat16 on CUDA, not {dtype} on {device}")
-        return _kernel(self.key, dtype, device).info()
+        return _kernel(self.key, dtype, device, inference).info()
 
     def kernel_info(self) -> list[dict]:
         return kernel_info(self.key)

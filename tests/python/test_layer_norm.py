@@ -2,8 +2,8 @@
 them): the op's CPU path against float64, its autograd (gradcheck), opcheck, bad input; the CUDA
 kernel on the CPU emulator (tests/cuda_emulator: the same device code, every row shape the
 launcher picks, against the CPU path, two thread schedules bitwise equal, guard elements); the
-kernel on a GPU (skipped without one); FusedCvT with CUTLASS_OPS_CVT_FUSED_LN=1 against its
-default path."""
+kernel on a GPU (skipped without one); FusedCvT with its fused LayerNorms (the default) against
+CUTLASS_OPS_CVT_FUSED_LN=0."""
 import ctypes
 import os
 import shutil
@@ -230,10 +230,14 @@ def test_cuda_vs_float64_and_cpu_path(dtype, cols, residual):
 # ---- FusedCvT with the fused LayerNorms ------------------------------------------------------
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
-def test_fused_cvt_fused_layer_norm_matches_default(device, monkeypatch):
-    """FusedCvT (random weights, train mode for the BatchNorms' batch statistics off: eval) with
-    CUTLASS_OPS_CVT_FUSED_LN=1 against its default path: outputs and every parameter's gradient
-    (float32 on the CPU: the same math; fp16 on CUDA: within the dtype's bound)."""
+def test_fused_cvt_fused_layer_norm_matches_unfused(device, monkeypatch):
+    """FusedCvT (random weights, eval mode) with its fused LayerNorms (CUTLASS_OPS_CVT_FUSED_LN=1,
+    the default) against the ATen path (=0): outputs and every parameter's gradient.  float32 on
+    the CPU: the same math, so the two agree to 1e-5.  fp16 on CUDA: each path against the
+    float64 run of the same model (the ATen path on the CPU), the fused LayerNorms no worse than
+    2x the ATen path's error (floor 5e-3).  Not fp16 against fp16: the first H200 run found a
+    stem-conv weight gradient of ~1e-5 per element, below fp16's normal range, where the two
+    16-bit runs differ by 1.1% from each other for rounding alone."""
     from cutlass_ops.models.cvt import cvt13
     torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.float16
@@ -241,15 +245,24 @@ def test_fused_cvt_fused_layer_norm_matches_default(device, monkeypatch):
     fused = cutlass_ops.FusedCvT.from_reference(ref).eval()
     x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1)).to(device, dtype)
 
-    def run(flag):
+    def run(model, inp, flag):
         monkeypatch.setenv("CUTLASS_OPS_CVT_FUSED_LN", flag)
-        fused.zero_grad(set_to_none=True)
-        y = fused(x)
+        model.zero_grad(set_to_none=True)
+        y = model(inp)
         y.float().square().sum().backward()
-        return [y.detach()] + [p.grad.clone() for p in fused.parameters() if p.grad is not None]
-    on, off = run("1"), run("0")
+        return [y.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    on, off = run(fused, x, "1"), run(fused, x, "0")
     assert len(on) == len(off)
-    tol = 1e-5 if dtype == torch.float32 else 5e-3
-    for i, (a, c) in enumerate(zip(on, off)):
-        if c.norm() > 0:
-            assert rel(a, c) <= tol, (i, rel(a, c))
+    if dtype == torch.float32:
+        for i, (a, c) in enumerate(zip(on, off)):
+            if c.norm() > 0:
+                assert rel(a, c) <= 1e-5, (i, rel(a, c))
+        return
+    fused64 = cutlass_ops.FusedCvT.from_reference(cvt13().double().eval())
+    fused64.load_state_dict({k: v.double().cpu() for k, v in fused.state_dict().items()})
+    ref64 = run(fused64.eval(), x.double().cpu(), "0")
+    assert len(ref64) == len(on)
+    for i, (a, c, r) in enumerate(zip(on, off, ref64)):
+        if r.norm() > 0:
+            e_on, e_off = rel(a.cpu(), r), rel(c.cpu(), r)
+            assert e_on <= max(2 * e_off, 5e-3), (i, e_on, e_off)
