@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn as nn
 
-from .bench import device_time, env_var, time_cuda, time_throughput
+from .bench import device_time, env_var, graphed, time_cuda, time_throughput
 from ..mlp import FusedMLP
 
 
@@ -57,7 +57,10 @@ VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
             "FusedMLP GEMM dW": ("CUTLASS_OPS_MLP_FUSED_DW", "0"),
             "FusedMLP in-place": ("CUTLASS_OPS_MLP_INPLACE", "1"),
             "FusedMLP not in place": ("CUTLASS_OPS_MLP_INPLACE", "0")}
-OPTIONAL_SYSTEMS = list(VARIANTS)
+# FusedMLP captured in a CUDA graph by hand (static input; a training step's forward and
+# backward in one graph), as a small-batch user would run it: max-autotune runs its own graphs.
+GRAPHED = "FusedMLP + CUDA graph"
+OPTIONAL_SYSTEMS = list(VARIANTS) + [GRAPHED]
 
 
 def _flops(model, rows, backward):
@@ -108,6 +111,8 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             def fn(module=module, variant=variant):
                                 with torch.no_grad(), env_var(*variant):
                                     module(x)
+                        if system == GRAPHED:
+                            fn = graphed(fn)
                         for _ in range(3):
                             fn()
                         torch.cuda.synchronize()
