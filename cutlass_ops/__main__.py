@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     b.add_argument("--size", type=int, default=224, help="cvt: image height = width (default 224)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None,
-                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP streamed\" (its kernel with streamed weights, CUTLASS_OPS_MLP_RESIDENT=0), \"FusedMLP GEMM dW\" (weight gradients as GEMMs, CUTLASS_OPS_MLP_FUSED_DW=0), \"FusedMLP in-place\" and \"FusedMLP not in place\" (width-128 models resident in place for every call or none, CUTLASS_OPS_MLP_INPLACE=1/0; the default: forwards without grad), \"FusedMLP + CUDA graph\" (captured by hand, a training step in one graph))")
+                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP streamed\" (its kernel with streamed weights, CUTLASS_OPS_MLP_RESIDENT=0), \"FusedMLP GEMM dW\" (weight gradients as GEMMs, CUTLASS_OPS_MLP_FUSED_DW=0), \"FusedMLP in-place\" and \"FusedMLP not in place\" (width-128 models resident in place for every call or none, CUTLASS_OPS_MLP_INPLACE=1/0; the default: forwards without grad), \"FusedMLP + CUDA graph\" (captured by hand, a training step in one graph), \"FusedMLP kernel\" (the kernel for models wider than 128 too, CUTLASS_OPS_MLP_WIDE=kernel))")
     b.add_argument("--merge", action="store_true",
                    help="resnet/train/cvt: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--calls", type=int, default=None,

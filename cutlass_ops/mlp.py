@@ -12,7 +12,9 @@ keyed by a hash of the source (structure, dtype, tile config), the arch and nvcc
 later process with the same model loads it from there.  Models listed in the build's manifest
 (CUTLASS_OPS_MLP_MODELS, ``cutlass_ops_gen.mlp_aot``) come compiled with the package
 (``mlp_aot/<key>/fused_mlp.so``) and need no nvcc.  ``kernel_info()`` reports the compile and
-load times.
+load times.  Models with a layer wider than 128 run as PyTorch's own ops on CUDA by default
+(``KERNEL_MAX_WIDTH``: the H200 timed the kernel slower than them there; the ops below still
+take any width, and ``CUTLASS_OPS_MLP_WIDE=kernel`` sends FusedMLP to the kernel).
 
 Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.Library`` (see _LIB):
 
@@ -59,6 +61,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 try:
@@ -619,6 +622,33 @@ def fused_mlp(x: torch.Tensor, weights, biases, key: str, save: bool = False):
 # The module
 # ---------------------------------------------------------------------------------------------
 
+# The widest layer FusedMLP's kernel runs by default.  On an H200 (2026-11-26, fp16) every model
+# with a 256-wide layer measured slower as one kernel than as PyTorch's own ops: SIREN
+# 3-256x4-1 at 2^21 rows 24.7 ms (streamed weights) against eager's 7.4 (training step 65.2
+# against 22.8), CvT-13 stage 1's 64-256-64 MLP at 200,704 rows 332 us (resident, 4 warps a
+# CTA) against 145 for cuBLAS + SiLU; every model no wider than 128 measured faster.
+KERNEL_MAX_WIDTH = 128
+
+
+def runs_torch_ops(spec: MlpSpec, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether FusedMLP's forward runs the model as PyTorch's ops (F.linear and the traced
+    activations in the input's dtype: what the user's module does in eager) instead of its
+    kernel: on CUDA in float16/bfloat16 for a model with a layer wider than KERNEL_MAX_WIDTH,
+    unless CUTLASS_OPS_MLP_WIDE=kernel (read per call) asks for the kernel anyway."""
+    if device_type != "cuda" or dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_WIDE", "torch") == "kernel":
+        return False
+    return max(max(l.in_features, l.out_features) for l in spec.layers) > KERNEL_MAX_WIDTH
+
+
+def torch_layers(x: torch.Tensor, weights, biases, spec: MlpSpec) -> torch.Tensor:
+    """The model as PyTorch ops in x's dtype (runs_torch_ops): F.linear per layer, then its traced
+    activation; autograd as PyTorch's."""
+    a = x
+    for layer, w, b in zip(spec.layers, weights, biases):
+        a = to_torch(layer.activation.tree, F.linear(a, w, b))
+    return a
+
+
 class FusedMLP(nn.Module):
     """A traced MLP as one fused kernel per pass (see the module docstring).
 
@@ -626,7 +656,10 @@ class FusedMLP(nn.Module):
     without bias); ``spec`` is the traced ``MlpSpec`` (``spec.layers[i].name`` names the original
     Linear).  Input (..., in_features) in the parameters' dtype and device, any number of rows
     (0 too).  On CUDA the fused kernel runs float16 and bfloat16; float32/float64 run the same
-    math as torch ops (correct, not fused; a one-time warning says so), as on the CPU.
+    math as torch ops (correct, not fused; a one-time warning says so), as on the CPU.  A model
+    with a layer wider than KERNEL_MAX_WIDTH (128) runs as PyTorch's own ops on CUDA, where they
+    measured faster than the kernel (``runs_torch_ops``; ``CUTLASS_OPS_MLP_WIDE=kernel`` forces
+    the kernel); ``uses_kernel(x)`` says which path an input takes.
     """
 
     def __init__(self, spec: MlpSpec, weights, biases):
@@ -661,9 +694,17 @@ class FusedMLP(nn.Module):
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         lead = x.shape[:-1]
         weights, biases = self.weights, self.biases
+        if runs_torch_ops(self.spec, x.device.type, x.dtype):
+            return torch_layers(x, weights, biases, self.spec)
         save = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         y, _ = torch.ops.cutlass_ops.fused_mlp(x.reshape(-1, self.spec.in_features), weights, biases, self.key, save)
         return y.reshape(*lead, self.spec.out_features)
+
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        """Whether forward(x) runs the fused kernel (CUDA, float16/bfloat16, no layer wider than
+        KERNEL_MAX_WIDTH or CUTLASS_OPS_MLP_WIDE=kernel); else PyTorch ops."""
+        return (x.device.type == "cuda" and x.dtype in _CUDA_DTYPES
+                and not runs_torch_ops(self.spec, x.device.type, x.dtype))
 
     def compile_kernel(self, dtype: Optional[torch.dtype] = None, device=None, inference: bool = False) -> dict:
         """Compile (or load from the cache) the CUDA kernel now; returns ``kernel_info``'s entry.

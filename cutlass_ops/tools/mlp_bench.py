@@ -52,11 +52,14 @@ SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
 # backward): streamed weights where the default keeps them resident in shared memory (mlp_emit),
 # the weight gradients as GEMMs over saved dz where the default computes them in the backward
 # kernel, and the in-place resident layers for every call or for none where the default uses
-# them for forwards without grad only (mlp._inplace_allowed: what the H200 run measured).
+# them for forwards without grad only (mlp._inplace_allowed: what the H200 run measured), and
+# the kernel for models wider than 128, which FusedMLP runs as PyTorch ops by default
+# (mlp.runs_torch_ops).
 VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
             "FusedMLP GEMM dW": ("CUTLASS_OPS_MLP_FUSED_DW", "0"),
             "FusedMLP in-place": ("CUTLASS_OPS_MLP_INPLACE", "1"),
-            "FusedMLP not in place": ("CUTLASS_OPS_MLP_INPLACE", "0")}
+            "FusedMLP not in place": ("CUTLASS_OPS_MLP_INPLACE", "0"),
+            "FusedMLP kernel": ("CUTLASS_OPS_MLP_WIDE", "kernel")}
 # FusedMLP captured in a CUDA graph by hand (static input; a training step's forward and
 # backward in one graph), as a small-batch user would run it: max-autotune runs its own graphs.
 GRAPHED = "FusedMLP + CUDA graph"
@@ -94,6 +97,7 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             module = FusedMLP.from_module(ref)
                             with env_var(*variant):
                                 extra = module.compile_kernel(dtype, "cuda", inference=not backward)
+                                extra["path"] = "kernel" if module.uses_kernel(x) else "torch ops"
                         elif system == "eager":
                             module = ref
                         else:
@@ -123,7 +127,7 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                              "tflops": row["gflop"] / tp if tp > 0 else math.nan}  # GFLOP per ms
                         r.update(device_time(fn))
                         if system.startswith("FusedMLP"):
-                            r.update(compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
+                            r.update(path=extra["path"], compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
                                      cache_hit=extra.get("cache_hit"), resident_warps=extra.get("resident_warps"),
                                      rows_per_tile=extra.get("rows_per_tile"), inplace=extra.get("inplace"),
                                      fused_weight_grads=backward and system != "FusedMLP GEMM dW"

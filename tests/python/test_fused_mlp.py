@@ -26,6 +26,14 @@ gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer
 TARGET = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}
 
 
+@pytest.fixture(autouse=True)
+def _kernel_at_every_width(monkeypatch):
+    """These tests check the kernel, so every width runs it: FusedMLP sends models with a layer
+    wider than 128 to PyTorch's ops by default (runs_torch_ops), which the tests of that rule
+    below check with the switch unset."""
+    monkeypatch.setenv("CUTLASS_OPS_MLP_WIDE", "kernel")
+
+
 def chain(widths, act, last=None, bias=True, seed=0, init=None):
     """_mlp_models.chain under seed 0 unless told otherwise (each model's weights fixed)."""
     return _chain(widths, act, last, bias, seed, init)
@@ -220,6 +228,57 @@ def test_errors():
             y.sum().backward()
         except RuntimeError as e:
             raise ValueError(str(e))
+
+
+def test_wide_models_run_torch_ops_rule(monkeypatch):
+    """runs_torch_ops: CUDA float16/bfloat16 models with a layer wider than 128 (SIREN 3-256x4-1,
+    256 x 8) take PyTorch's ops; no wider (128 x 6, odd widths), another dtype or device, or
+    CUTLASS_OPS_MLP_WIDE=kernel: the kernel (or the op's CPU path)."""
+    from cutlass_ops.mlp import runs_torch_ops
+    monkeypatch.delenv("CUTLASS_OPS_MLP_WIDE")
+    spec = {n: FusedMLP.from_module(MODELS[n]()).spec for n in
+            ("siren_3_256x4_1", "w256_depth8_leaky", "relu_32_128x6_16", "odd_57_127_1_84_3")}
+    for name in ("siren_3_256x4_1", "w256_depth8_leaky"):
+        assert runs_torch_ops(spec[name], "cuda", torch.float16) and runs_torch_ops(spec[name], "cuda", torch.bfloat16)
+        assert not runs_torch_ops(spec[name], "cuda", torch.float32) and not runs_torch_ops(spec[name], "cpu", torch.float16)
+    for name in ("relu_32_128x6_16", "odd_57_127_1_84_3"):
+        assert not runs_torch_ops(spec[name], "cuda", torch.float16)
+    monkeypatch.setenv("CUTLASS_OPS_MLP_WIDE", "kernel")
+    assert not runs_torch_ops(spec["siren_3_256x4_1"], "cuda", torch.float16)
+
+
+@pytest.mark.parametrize("name", ["siren_3_256x4_1", "w256_depth8_leaky", "odd_57_127_1_84_3"])
+def test_torch_layers_float64(name):
+    """torch_layers (the path of wide models on CUDA) is the traced model: float64 on the CPU
+    against the module itself, output and gradients, with leading dims."""
+    from cutlass_ops.mlp import torch_layers
+    _, fused, ref_model, _ = setup(name, torch.float64, "cpu", 1)
+    x = torch.randn(3, 37, fused.spec.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya = torch_layers(xa, fused.weights, fused.biases, fused.spec)
+    yb = ref_model(xb)
+    assert ya.shape == yb.shape and rel(ya, yb) <= 1e-12
+    ya.square().sum().backward()
+    yb.square().sum().backward()
+    assert rel(xa.grad, xb.grad) <= 1e-12
+    ref_params = [p for m in ref_model.modules() if isinstance(m, nn.Linear) for p in m.parameters()]
+    assert all(rel(a.grad, b.grad) <= 1e-12 for a, b in zip([p for p in fused.parameters()], ref_params))
+
+
+@gpu
+def test_gpu_wide_models_run_torch_ops_by_default(monkeypatch):
+    """Without CUTLASS_OPS_MLP_WIDE the SIREN (256 wide) runs as PyTorch's ops: no kernel asked
+    for, uses_kernel False, the output the eager module's in the same dtype, gradients flowing."""
+    import cutlass_ops.mlp as mlp
+    monkeypatch.delenv("CUTLASS_OPS_MLP_WIDE")
+    monkeypatch.setattr(mlp, "_kernel", lambda *a, **k: pytest.fail("the kernel was asked for"))
+    model, fused, ref_model, x = setup("siren_3_256x4_1", torch.float16, "cuda", 3001)
+    x = x.cuda().requires_grad_(True)
+    assert not fused.uses_kernel(x)
+    y = fused(x)
+    assert rel(y, model(x)) <= 1e-3
+    y.float().square().sum().backward()
+    assert x.grad is not None and all(p.grad is not None for p in fused.parameters())
 
 
 def test_opcheck_cpu():

@@ -576,10 +576,18 @@ def run_fused_mlp(c, device):
     fused = cutlass_ops.FusedMLP.from_module(model).to(device)
     x = make((c["rows"], widths[0]), dtype, "cpu", "nchw", g, special=c["special"])
     x = x.to(device) if c["layout"] == "contiguous" else _relayout(x, device, c["layout"])
-    with torch.no_grad():
-        y = fused(x)
-        own = model.to(device)(x)
-        ref = ref_model(d64(x))
+    wide = os.environ.get("CUTLASS_OPS_MLP_WIDE")
+    os.environ["CUTLASS_OPS_MLP_WIDE"] = "kernel"  # the kernel at every width (64-256-64 included)
+    try:
+        with torch.no_grad():
+            y = fused(x)
+            own = model.to(device)(x)
+            ref = ref_model(d64(x))
+    finally:
+        if wide is None:
+            del os.environ["CUTLASS_OPS_MLP_WIDE"]
+        else:
+            os.environ["CUTLASS_OPS_MLP_WIDE"] = wide
     fail = compare("y", y, ref, own, dtype)
     if not fail and (y.dtype != dtype or y.device != x.device):
         fail = f"y: {y.dtype} on {y.device}"
