@@ -86,6 +86,16 @@ def fused_mlp_enabled() -> bool:
     return os.environ.get("CUTLASS_OPS_CVT_FUSED_MLP", "0") == "1"
 
 
+def dw_bias_in_linear_enabled() -> bool:
+    """CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR=1 (eval mode): each dw_bn projection's folded
+    BatchNorm bias goes into the q/k/v Linear's bias (W (conv(m) + c) + b = W conv(m) + (W c +
+    b), one small addmv a projection) instead of an elementwise add over the whole map after the
+    depthwise conv (cuDNN's depthwise kernel adds no bias: the H200 profile at N=64 shows 39 such
+    adds, about 0.28 ms of the 4.65 ms forward); the cls token (stage 3) enters as cls - c so its
+    row is unchanged.  Opt-in until timed on a GPU; read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR", "0") == "1"
+
+
 def fused_layer_norm_enabled() -> bool:
     """CUTLASS_OPS_CVT_FUSED_LN (default on): the blocks' LayerNorms run as ``layer_norm_rows`` (one kernel
     for the residual add before each and the LayerNorm), instead of ATen's add, casts and
@@ -306,15 +316,18 @@ class FusedCvT(ConvolutionalVisionTransformer):
         out = torch.addmm(b2, y, fc2.weight.t(), beta=1 if fc2.bias is not None else 0, alpha=1 / QUICK_GELU_SCALE)
         return mlp.drop(out.reshape(*h.shape[:-1], out.shape[-1]))
 
-    def _dw_bn(self, proj: nn.Sequential, m: torch.Tensor, folds: dict) -> torch.Tensor:
-        """Depthwise conv + BatchNorm on an NHWC map (N, C, H, W) -> tokens (N, H'*W', C)."""
+    def _dw_bn(self, proj: nn.Sequential, m: torch.Tensor, folds: dict, bias_apart: bool = False):
+        """Depthwise conv + BatchNorm on an NHWC map (N, C, H, W) -> (tokens (N, H'*W', C), c):
+        with bias_apart in eval mode the tokens lack the folded bias c (dw_bias_in_linear_enabled),
+        else c is None and the tokens are whole."""
         conv, bn = proj.conv, proj.bn
+        bias = None
         if bn.training or bn.running_mean is None:
             y = bn(F.conv2d(m, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups))
         else:  # eval: BatchNorm folded into the conv's weight and a bias
             wt, bias = folds[id(proj)] if id(proj) in folds else self._folded_dw_bn(proj)
-            y = F.conv2d(m, wt, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
-        return y.flatten(2).transpose(1, 2)
+            y = F.conv2d(m, wt, None if bias_apart else bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+        return y.flatten(2).transpose(1, 2), (bias if bias_apart else None)
 
     def _eval_folds(self) -> dict:
         """The eval-mode BatchNorm folds of all dw_bn projections at once, {id(proj): (weight,
@@ -391,16 +404,22 @@ class FusedCvT(ConvolutionalVisionTransformer):
         if attn.with_cls_token:
             cls_token, x = torch.split(x, [1, h * w], 1)
         m = x.reshape(n, h, w, c).permute(0, 3, 1, 2)  # NHWC memory, NCHW view
-        q, k, v = (self._dw_bn(p, m, folds) for p in (attn.conv_proj_q, attn.conv_proj_k, attn.conv_proj_v))
-        if attn.with_cls_token:
-            q, k, v = (torch.cat((cls_token.to(z.dtype), z), dim=1) for z in (q, k, v))
+        apart = dw_bias_in_linear_enabled()
+        parts = [self._dw_bn(p, m, folds, apart) for p in (attn.conv_proj_q, attn.conv_proj_k, attn.conv_proj_v)]
+        if attn.with_cls_token:  # the cls row less the bias the Linear adds back
+            parts = [(torch.cat(((cls_token if c is None else cls_token - c).to(z.dtype), z), dim=1), c)
+                     for z, c in parts]
         heads = attn.num_heads
 
-        def split(z, lin):
-            z = F.linear(z, lin.weight, lin.bias)
+        def split(part, lin):
+            z, c = part
+            b = lin.bias
+            if c is not None:  # W (z + c) + b = W z + (W c + b)
+                b = lin.weight @ c.to(lin.weight.dtype) if b is None else torch.addmv(b, lin.weight, c.to(b.dtype))
+            z = F.linear(z, lin.weight, b)
             return z.reshape(n, z.shape[1], heads, z.shape[2] // heads).transpose(1, 2)
 
-        q, k, v = split(q, attn.proj_q), split(k, attn.proj_k), split(v, attn.proj_v)
+        q, k, v = (split(part, lin) for part, lin in zip(parts, (attn.proj_q, attn.proj_k, attn.proj_v)))
         if q.is_cuda:
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if self.training else 0.0,
                                                scale=attn.scale)

@@ -22,6 +22,12 @@ __device__ __forceinline__ float group_sum(float v) {
 
 constexpr int kThreads = 256;
 
+// element i of a weight or bias, float32 or T (LayerNormArgs::params_f32; uniform per launch)
+template <typename T>
+__device__ __forceinline__ float load_param(void const* p, int i, bool f32) {
+  return f32 ? static_cast<float const*>(p)[i] : to_float(static_cast<T const*>(p)[i]);
+}
+
 // kVec elements per chunk (8: 16-byte accesses, cols % 8 == 0 and aligned; else 1), kLanes
 // lanes per row (32 / kLanes rows per warp at once), kChunks chunks per lane (a row of up to
 // kLanes * kChunks * kVec columns, held in registers between the two reductions).
@@ -103,7 +109,8 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
         T out[kVec];
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          const float w = a.weight ? a.weight[c + e] : 1.0f, b = a.bias ? a.bias[c + e] : 0.0f;
+          const float w = a.weight ? load_param<T>(a.weight, c + e, a.params_f32) : 1.0f;
+          const float b = a.bias ? load_param<T>(a.bias, c + e, a.params_f32) : 0.0f;
           out[e] = from_float<T>((v[k][e] - mean) * rstd * w + b);
         }
         const long long at = row * a.cols + c;

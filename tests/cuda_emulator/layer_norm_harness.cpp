@@ -27,8 +27,8 @@ struct Emulate {
 // Returns 0, 1 on a deadlock, 2 where the kernel does not cover the shape.  grid 0: the
 // launcher's own count for a GPU of 2 SMs (so that CTAs loop over several row groups).
 extern "C" int emu_layer_norm(int bf16, long long rows, int cols, float eps, const void* x, const void* residual,
-                              const float* weight, const float* bias, void* y, void* sum, float* mean, float* rstd,
-                              unsigned grid, unsigned seed, int* shape_out) {
+                              const void* weight, const void* bias, int params_f32, void* y, void* sum, float* mean,
+                              float* rstd, unsigned grid, unsigned seed, int* shape_out) {
   LayerNormArgs a{};
   a.dtype = bf16 ? DType::kBF16 : DType::kF16;
   a.rows = rows;
@@ -38,6 +38,7 @@ extern "C" int emu_layer_norm(int bf16, long long rows, int cols, float eps, con
   a.residual = residual;
   a.weight = weight;
   a.bias = bias;
+  a.params_f32 = params_f32 != 0;
   a.y = y;
   a.sum = sum;
   a.mean = mean;

@@ -149,7 +149,9 @@ def run_emulated(lib, x, r, w, b, eps=1e-5, seed=0, offset=0):
     shape = (ctypes.c_int * 3)()
     ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
     rc = lib.emu_layer_norm(int(x.dtype == torch.bfloat16), ctypes.c_longlong(rows), cols, ctypes.c_float(eps),
-                            ptr(xp), ptr(rp), ptr(w), ptr(b), ptr(yf[offset:]), ptr(sf[offset:] if r is not None else None),
+                            ptr(xp), ptr(rp), ptr(w), ptr(b),
+                            int(not any(t is not None and t.dtype == x.dtype for t in (w, b))),
+                            ptr(yf[offset:]), ptr(sf[offset:] if r is not None else None),
                             ptr(mf), ptr(rf), 0, seed, shape)
     if rc == 2:
         return None, tuple(shape)
@@ -186,6 +188,19 @@ def test_kernel_on_the_emulator(ln_emulator, cols, shape, dtype, residual):
 
 
 @emulator
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_on_the_emulator_params_in_x_dtype(ln_emulator, dtype):
+    """Weight and bias in x's dtype (a 16-bit model's own parameters, read without a cast kernel)
+    give bitwise the numbers of the same values in float32, on the vector and element-wise paths."""
+    for cols, offset in ((64, 0), (384, 0), (57, 0), (64, 1)):
+        x, r, w, b = inputs((37, cols), dtype, residual=True, seed=cols)
+        w16, b16 = w.to(dtype), b.to(dtype)
+        native, _ = run_emulated(ln_emulator, x, r, w16, b16, offset=offset)
+        wide, _ = run_emulated(ln_emulator, x, r, w16.float(), b16.float(), offset=offset)
+        assert all(torch.equal(p, q) for p, q in zip(native, wide)), (cols, offset)
+
+
+@emulator
 def test_kernel_on_the_emulator_misaligned_and_too_wide(ln_emulator):
     """A row start off 16 bytes takes the element-wise path (same numbers); rows too wide for
     the registers (over 2048 columns, or over 512 not a multiple of 8) are not covered: the CUDA
@@ -200,6 +215,20 @@ def test_kernel_on_the_emulator_misaligned_and_too_wide(ln_emulator):
 
 
 # ---- CUDA -----------------------------------------------------------------------------------
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_params_in_x_dtype(dtype):
+    """A 16-bit model's own weight and bias (read by the kernel without a cast kernel): bitwise
+    the output of their float32 copies, and gradients of the parameters' dtype."""
+    x, r, w, b = inputs((2053, 384), dtype, "cuda")
+    w16, b16 = (t.to(dtype).requires_grad_(True) for t in (w, b))
+    y16, s16 = layer_norm_rows(x, w16, b16, 1e-5, r)
+    y32, s32 = layer_norm_rows(x, w16.detach().float(), b16.detach().float(), 1e-5, r)
+    assert torch.equal(y16, y32) and torch.equal(s16, s32)
+    y16.float().square().sum().backward()
+    assert w16.grad.dtype == dtype and b16.grad.dtype == dtype and torch.isfinite(w16.grad).all()
+
 
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
