@@ -22,9 +22,9 @@ differs.  What runs where, per forward:
 
   QuickGELU as one SiLU (CUTLASS_OPS_CVT_SILU_MLP=0 turns it off): x * sigmoid(1.702 x) is
   three ATen elementwise passes; with 1.702 as fc1's GEMM alpha (and on its bias) and 1/1.702
-  as fc2's it is one ``F.silu`` (``_silu_mlp``; the H200 numbers here are from the first form,
-  which folded the scales into the weights at each call).  H200: forward 7.50 -> 7.02 ms, training step 26.99 ->
-  25.05 ms; both together (with the opt-in below) 4.96 and 24.44 ms.
+  as fc2's it is one ``F.silu`` (``_silu_mlp``).  H200, in its first form (the scales folded
+  into the weights at each call; the alpha form is not yet timed): forward 7.50 -> 7.02 ms,
+  training step 26.99 -> 25.05 ms; with the fused LayerNorms (and FusedMLP) 4.96 and 24.44 ms.
 
   still PyTorch (ATen / cuDNN / cuBLAS kernels, one or more per op):
     - with CUTLASS_OPS_CVT_FUSED_LN=0 the LayerNorms and residual adds (16-bit inputs in
@@ -38,7 +38,8 @@ differs.  What runs where, per forward:
       statistics updated).
     - the q/k/v/out linears, the MLP linears (``F.linear``; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
       MLPs no wider than 256, i.e. stage 1's, as one FusedMLP kernel, which the H200 run timed
-      at 7.59 ms against 7.50 for the forward, so it stays off), residual adds, drop path (timm 0.3.2's, same RNG draws as the reference), dropout;
+      at 7.59 ms against 7.50 for the forward, so it stays off), residual adds, drop path
+      (timm 0.3.2's, same RNG draws as the reference), dropout;
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
       whole embed dim, as CvT) on CUDA, matmul-softmax-matmul on the CPU (as the reference),
       the cls token concatenated in front of q, k, v;
@@ -67,8 +68,8 @@ QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
 
 def silu_mlp_enabled() -> bool:
-    """CUTLASS_OPS_CVT_SILU_MLP (default on): each MLP's QuickGELU, x * sigmoid(1.702 x) (three ATen
-    elementwise passes over the widest activation, 1.61 ms of the H100 forward at N=64), runs
+    """CUTLASS_OPS_CVT_SILU_MLP (default on): each MLP's QuickGELU, x * sigmoid(1.702 x) (three
+    ATen elementwise passes over the widest activation, 1.61 ms of the H100 forward at N=64), runs
     as one SiLU on 1.702 x, since fc2(x * sigmoid(1.702 x)) = (fc2.weight / 1.702) silu(1.702 x)
     + fc2.bias: the scales as the two GEMMs' alpha (FusedCvT._silu_mlp).
     On by default since the H200 run (module docstring); =0 turns it off; read per forward."""
@@ -81,8 +82,8 @@ def fused_mlp_enabled() -> bool:
     activation never reaches global memory), with the block's own weights.  Opt-in: the H200
     run timed the forward at N=64 7.59 ms with it, 7.50 without (its kernel 332 us, the two
     GEMMs and the activation 145: at width 256 the kernel keeps the weights resident with only
-    4 warps a CTA; FusedMLP itself sends models wider than 128 to PyTorch's ops).  The kernel compiles at first use (nvcc).  Read
-    per forward."""
+    4 warps a CTA; FusedMLP itself sends models wider than 128 to PyTorch's ops).  The kernel
+    compiles at first use (nvcc).  Read per forward."""
     return os.environ.get("CUTLASS_OPS_CVT_FUSED_MLP", "0") == "1"
 
 
@@ -97,8 +98,8 @@ def dw_bias_in_linear_enabled() -> bool:
 
 
 def fused_layer_norm_enabled() -> bool:
-    """CUTLASS_OPS_CVT_FUSED_LN (default on): the blocks' LayerNorms run as ``layer_norm_rows`` (one kernel
-    for the residual add before each and the LayerNorm), instead of ATen's add, casts and
+    """CUTLASS_OPS_CVT_FUSED_LN (default on): the blocks' LayerNorms run as ``layer_norm_rows``
+    (one kernel for the residual add before each and the LayerNorm), instead of ATen's add, casts and
     LayerNorm.  On by default since the H200 run (module docstring); =0 turns it off; read per
     forward."""
     return os.environ.get("CUTLASS_OPS_CVT_FUSED_LN", "1") != "0"
@@ -106,7 +107,7 @@ def fused_layer_norm_enabled() -> bool:
 
 class FusedCvT(ConvolutionalVisionTransformer):
     """Drop-in for the CvT reference (``cutlass_ops.models.cvt``); see the module docstring for
-    which parts are fused CUTLASS kernels (only the conv embeddings so far) and which are
+    which parts are fused kernels (two conv embeddings, the LayerNorms with their residual adds) and which are
     still PyTorch."""
 
     def __init__(self, num_classes: int = 1000, in_chans: int = 3, spec: dict | None = None):

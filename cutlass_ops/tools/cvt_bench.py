@@ -178,7 +178,7 @@ def bench_cvt(infer_batches=CVT_INFER_BATCHES, train_batches=CVT_TRAIN_BATCHES, 
     return {"model": "CvT-13", "size": size, "dtype": str(dtype)[6:],
             "fused_parts": "conv embeddings 2 and 3: conv2d_fused (CUTLASS, conv + bias; the 7x7 stem on cuDNN); "
                            "LayerNorms with the residual add before each: layer_norm_rows; QuickGELU as one "
-                           "SiLU (folded scale); everything else PyTorch (depthwise conv with BatchNorm folded "
+                           "SiLU (its scales as the GEMMs' alpha); everything else PyTorch (depthwise conv with BatchNorm folded "
                            "in eval, linears, SDPA, the head's LayerNorm)",
             "timing": {"throughput": f"inference: {calls} back-to-back calls between two CUDA events, training: "
                                      f"{max(1, calls // 5)} steps; median of {reps}",
