@@ -63,7 +63,11 @@ VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
 # FusedMLP captured in a CUDA graph by hand (static input; a training step's forward and
 # backward in one graph), as a small-batch user would run it: max-autotune runs its own graphs.
 GRAPHED = "FusedMLP + CUDA graph"
-OPTIONAL_SYSTEMS = list(VARIANTS) + [GRAPHED]
+# Its like-for-like peer: torch.compile without its own CUDA graphs, the whole call (a training
+# step: forward, autograd's backward) captured in one graph by hand, so that neither pays
+# autograd's host time per step (max-autotune's own graphs leave it in).
+HAND_GRAPHED_COMPILE = "torch.compile max-autotune-no-cudagraphs + CUDA graph"
+OPTIONAL_SYSTEMS = list(VARIANTS) + [GRAPHED, HAND_GRAPHED_COMPILE]
 
 
 def _flops(model, rows, backward):
@@ -102,7 +106,8 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             module = ref
                         else:
                             torch._dynamo.reset()
-                            module = torch.compile(ref, mode="max-autotune")
+                            mode = "max-autotune-no-cudagraphs" if system == HAND_GRAPHED_COMPILE else "max-autotune"
+                            module = torch.compile(ref, mode=mode)
                         if backward:
                             xg = x.clone().requires_grad_(True)
                             params = list(module.parameters())
@@ -115,7 +120,7 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             def fn(module=module, variant=variant):
                                 with torch.no_grad(), env_var(*variant):
                                     module(x)
-                        if system == GRAPHED:
+                        if system in (GRAPHED, HAND_GRAPHED_COMPILE):
                             fn = graphed(fn)
                         for _ in range(3):
                             fn()
