@@ -78,6 +78,14 @@ def cmd_bench(args) -> int:
         return bench_train_cmd(args)
     if args.what == "cvt":
         return bench_cvt_cmd(args)
+    if args.what == "cvt-ops":
+        from .tools.cvt_ops_bench import bench_cvt_ops
+        timing = _timing_args(args, 20)
+        result = bench_cvt_ops(args.n, args.size, _dtype(args.dtype or "fp16"), calls=timing["calls"],
+                               reps=timing["reps"], progress=timing["progress"])
+        result["environment"] = environment()
+        write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/cvt_ops.json"), result)
+        return 0
     if args.what == "b2b":
         from .tools.b2b_bench import B2B_SYSTEMS, bench_b2b, print_b2b_table
         systems = [s for s in B2B_SYSTEMS if (not args.systems or s in args.systems)
@@ -276,7 +284,7 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against PyTorch in the same process (CUDA events, "
                                      "medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt", "b2b"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt", "cvt-ops", "b2b"],
                    help="conv: one fused conv layer; resnet: FusedResNet inference, train: a FusedResNet "
                         "training step (fwd+bwd), each vs eager (+ CUDA graph) and torch.compile "
                         "max-autotune (NCHW, channels_last, and no-cudagraphs captured by hand), in "
@@ -286,7 +294,9 @@ def main(argv=None) -> int:
                         "eager and torch.compile max-autotune on issue 19's four MLPs (+ one), inference and "
                         "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON); cvt: "
                         "FusedCvT (CvT-13, only its conv embeddings fused so far) inference and a training "
-                        "step vs the same peers as resnet/train (JSON + PNGs); b2b: conv2d_b2b (3x3 C->K then "
+                        "step vs the same peers as resnet/train (JSON + PNGs); cvt-ops: CvT-13's parts (embedding, norm, "
+                        "projection, attention, MLP) one at a time at each stage's shapes, FusedCvT's path vs the "
+                        "reference's, forward and forward+backward (--n, --size; JSON); b2b: conv2d_b2b (3x3 C->K then "
                         "1x1 K->K1, --n --c --k --k1 --hw) vs the two convs in eager, cuDNN and torch.compile")
     b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/tools/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],

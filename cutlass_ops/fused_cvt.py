@@ -212,6 +212,23 @@ class FusedCvT(ConvolutionalVisionTransformer):
         """x: (N, C, H, W) in NHWC memory -> (N, C', H', W') in NHWC memory, cls tokens; the conv
         embedding's (name, output shape, kernel) appended to ``report`` if given; ``folds``:
         _eval_folds()."""
+        t, (n, c, h, w) = self._embed(stage, x, autocast_dtype, report, name)
+        cls_tokens = None
+        if stage.cls_token is not None:
+            t = torch.cat((stage.cls_token.expand(n, -1, -1).to(t.dtype), t), dim=1)
+        t = stage.pos_drop(t)
+        pending = None  # each block's last residual add, done by the next block's first LayerNorm
+        for blk in stage.blocks:
+            t, pending = self._block(blk, t, h, w, folds, pending)
+        if pending is not None:
+            t = t + pending
+        if stage.cls_token is not None:
+            cls_tokens, t = torch.split(t, [1, h * w], 1)
+        return t.reshape(n, h, w, c).permute(0, 3, 1, 2), cls_tokens
+
+    def _embed(self, stage: VisionTransformer, x: torch.Tensor, autocast_dtype=None, report=None, name=""):
+        """The conv embedding (conv + bias, then the LayerNorm): x (N, C, H, W) in NHWC memory ->
+        (tokens (N, H'*W', C'), (N, C', H', W'))."""
         proj = stage.patch_embed.proj
         weight = proj.weight
         if autocast_dtype is not None:  # as autocast does for F.conv2d
@@ -229,18 +246,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
         t = y.permute(0, 2, 3, 1).reshape(n, h * w, c)  # NHWC memory: a view
         if stage.patch_embed.norm is not None:
             t, _ = self._add_layer_norm(t, stage.patch_embed.norm)
-        cls_tokens = None
-        if stage.cls_token is not None:
-            t = torch.cat((stage.cls_token.expand(n, -1, -1).to(t.dtype), t), dim=1)
-        t = stage.pos_drop(t)
-        pending = None  # each block's last residual add, done by the next block's first LayerNorm
-        for blk in stage.blocks:
-            t, pending = self._block(blk, t, h, w, folds, pending)
-        if pending is not None:
-            t = t + pending
-        if stage.cls_token is not None:
-            cls_tokens, t = torch.split(t, [1, h * w], 1)
-        return t.reshape(n, h, w, c).permute(0, 3, 1, 2), cls_tokens
+        return t, (n, c, h, w)
 
     def _add_layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm, residual: torch.Tensor | None = None):
         """(LayerNorm(s), s) with s = x + residual (x without one): CvT's LayerNorm, in float32
@@ -257,19 +263,21 @@ class FusedCvT(ConvolutionalVisionTransformer):
         h1, x = self._add_layer_norm(x, blk.norm1, pending)
         a = blk.drop_path(self._attention(blk.attn, h1, h, w, folds))
         h2, x = self._add_layer_norm(x, blk.norm2, a)
-        mlp = blk.mlp
-        key = self._fused_mlp_key(mlp, h2) if fused_mlp_enabled() else None
+        return x, blk.drop_path(self._mlp(blk.mlp, h2))
+
+    def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
+        """fc1, QuickGELU, fc2 on the normalized tokens: FusedMLP's kernel (opt-in), one SiLU
+        (default) or ATen's three passes."""
+        key = self._fused_mlp_key(mlp, h) if fused_mlp_enabled() else None
         if key is not None:
             weights, biases = [mlp.fc1.weight, mlp.fc2.weight], [mlp.fc1.bias, mlp.fc2.bias]
-            save = torch.is_grad_enabled() and (h2.requires_grad or any(t.requires_grad for t in weights))
-            y, _ = torch.ops.cutlass_ops.fused_mlp(h2.reshape(-1, h2.shape[-1]), weights, biases, key, save)
-            return x, blk.drop_path(y.reshape(*h2.shape[:-1], y.shape[-1]))
+            save = torch.is_grad_enabled() and (h.requires_grad or any(t.requires_grad for t in weights))
+            y, _ = torch.ops.cutlass_ops.fused_mlp(h.reshape(-1, h.shape[-1]), weights, biases, key, save)
+            return y.reshape(*h.shape[:-1], y.shape[-1])
         if silu_mlp_enabled():
-            y = self._silu_mlp(mlp, h2)
-        else:
-            y = mlp.drop(quick_gelu(F.linear(h2, mlp.fc1.weight, mlp.fc1.bias)))
-            y = mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
-        return x, blk.drop_path(y)
+            return self._silu_mlp(mlp, h)
+        y = mlp.drop(quick_gelu(F.linear(h, mlp.fc1.weight, mlp.fc1.bias)))
+        return mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
 
     def _register_fused_mlps(self) -> None:
         """Each block MLP FusedMLP can take (fc1, QuickGELU, fc2, no wider than 256: stage 1's)
@@ -401,6 +409,11 @@ class FusedCvT(ConvolutionalVisionTransformer):
         return out
 
     def _attention(self, attn, x: torch.Tensor, h: int, w: int, folds: dict) -> torch.Tensor:
+        return self._attend(attn, *self._project(attn, x, h, w, folds))
+
+    def _project(self, attn, x: torch.Tensor, h: int, w: int, folds: dict):
+        """The convolutional projection: dw_bn q/k/v on the token map (the cls token, stage 3,
+        beside them), then the q/k/v Linears, split into heads (N, heads, L, d)."""
         n, t, c = x.shape
         if attn.with_cls_token:
             cls_token, x = torch.split(x, [1, h * w], 1)
@@ -420,7 +433,11 @@ class FusedCvT(ConvolutionalVisionTransformer):
             z = F.linear(z, lin.weight, b)
             return z.reshape(n, z.shape[1], heads, z.shape[2] // heads).transpose(1, 2)
 
-        q, k, v = (split(part, lin) for part, lin in zip(parts, (attn.proj_q, attn.proj_k, attn.proj_v)))
+        return tuple(split(part, lin) for part, lin in zip(parts, (attn.proj_q, attn.proj_k, attn.proj_v)))
+
+    def _attend(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention with CvT's scale over the heads, then the output projection: (N, L, dim)."""
+        n = q.shape[0]
         if q.is_cuda:
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if self.training else 0.0,
                                                scale=attn.scale)
