@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fused_cvt import FusedCvT
-from ..models.cvt import merge_heads, split_heads, tokens_to_map
+from ..models.cvt import merge_heads, split_heads
 from .bench import device_time, time_throughput
 
 PARTS = ("embedding", "norm", "projection", "attention", "MLP")
