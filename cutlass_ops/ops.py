@@ -412,3 +412,20 @@ def _layer_norm_rows_fake(x, residual, weight, bias, eps):
     stat = torch.float64 if x.dtype == torch.float64 else torch.float32
     return (x.new_empty(x.shape), x.new_empty(x.shape if residual is not None else (0,)),
             x.new_empty((rows,), dtype=stat), x.new_empty((rows,), dtype=stat))
+
+
+def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      stride: int, lead: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A depthwise 3x3 conv (padding 1, stride 1 or 2) with a per-channel bias on the NHWC map
+    that tokens x (N, h*w, C) hold, returned as tokens (N, L + Ho*Wo, C) whose first L rows are
+    ``lead`` (N, L, C) (CvT's cls token; none: L = 0).  One CUDA kernel for fp16/bf16 (float32
+    arithmetic; weight and bias read in x's dtype or float32), ATen's conv otherwise.
+    Inference only: not differentiable (FusedCvT calls it with autograd off)."""
+    _check_devices("dw_conv3x3_tokens", ("x", x), ("weight", weight), ("bias", bias), ("lead", lead))
+    return torch.ops.cutlass_ops.dw_conv3x3_tokens(x, int(h), int(w), weight, bias, int(stride), lead)
+
+
+@torch.library.register_fake("cutlass_ops::dw_conv3x3_tokens")
+def _dw_conv3x3_tokens_fake(x, h, w, weight, bias, stride, lead):
+    rows = (lead.shape[1] if lead is not None else 0) + ((h - 1) // stride + 1) * ((w - 1) // stride + 1)
+    return x.new_empty((x.shape[0], rows, x.shape[2]))

@@ -74,4 +74,11 @@ __device__ inline void store_floats(T* p, float const (&v)[kVec]) {
 
 inline bool aligned16(void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// Element i of a parameter (weight, bias) stored as float32 (f32) or as T, as a float: a 16-bit
+// model's own parameters are read without a cast kernel per call.  f32 is uniform per launch.
+template <typename T>
+__device__ __forceinline__ float load_param(void const* p, long long i, bool f32) {
+  return f32 ? static_cast<float const*>(p)[i] : to_float(static_cast<T const*>(p)[i]);
+}
+
 }  // namespace cutlass_ops

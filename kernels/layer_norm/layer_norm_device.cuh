@@ -22,12 +22,6 @@ __device__ __forceinline__ float group_sum(float v) {
 
 constexpr int kThreads = 256;
 
-// element i of a weight or bias, float32 or T (LayerNormArgs::params_f32; uniform per launch)
-template <typename T>
-__device__ __forceinline__ float load_param(void const* p, int i, bool f32) {
-  return f32 ? static_cast<float const*>(p)[i] : to_float(static_cast<T const*>(p)[i]);
-}
-
 // kVec elements per chunk (8: 16-byte accesses, cols % 8 == 0 and aligned; else 1), kLanes
 // lanes per row (32 / kLanes rows per warp at once), kChunks chunks per lane (a row of up to
 // kLanes * kChunks * kVec columns, held in registers between the two reductions).

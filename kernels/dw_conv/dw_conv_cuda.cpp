@@ -1,0 +1,56 @@
+// CUDA implementation of cutlass_ops::dw_conv3x3_tokens (kernel in dw_conv_kernel.cu): fp16 and
+// bf16; ATen's path (dw_conv_op.cpp) for other dtypes.
+#include "common/cuda_device.h"
+#include "dw_conv/dw_conv_kernel.h"
+#include "dw_conv/dw_conv_op.h"
+
+namespace cutlass_ops {
+namespace dw_conv {
+
+Tensor dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
+                              std::optional<Tensor> const& bias, int64_t stride, std::optional<Tensor> const& lead) {
+  auto [ho, wo] = check_inputs(x, h, w, weight, bias, stride, lead);
+  ScalarType const dtype = x.scalar_type();
+  if (dtype != kHalf && dtype != kBFloat16) return dw_conv3x3_tokens_aten(x, h, w, weight, bias, stride, lead);
+  DeviceGuard guard(x.get_device_index());
+  int64_t const n = x.size(0), c = x.size(2), l0 = lead ? lead->size(1) : 0;
+  CUTLASS_OPS_CHECK_VALUE(c <= INT32_MAX && h * w <= INT32_MAX && l0 <= INT32_MAX,
+                          "dw_conv3x3_tokens: sizes past int32");
+  // rows contiguous; images may be apart (a view of tokens that skips the cls row) or not
+  Tensor xc = x.stride(2) == 1 && x.stride(1) == c ? x : torch::stable::contiguous(x);
+  Tensor lc = lead ? torch::stable::contiguous(*lead) : Tensor();
+  // weight and bias as they are where both are in x's dtype (converted in the kernel), else float32
+  bool const native = weight.scalar_type() == dtype && (!bias || bias->scalar_type() == dtype);
+  ScalarType const pt = native ? dtype : kFloat;
+  Tensor wt = torch::stable::contiguous(to_dtype(weight, pt));
+  Tensor bt = bias ? torch::stable::contiguous(to_dtype(*bias, pt)) : Tensor();
+  Tensor y = empty({n, l0 + ho * wo, c}, dtype, x.device());
+  DwConvArgs a{};
+  a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
+  a.n = n;
+  a.h = static_cast<int>(h);
+  a.w = static_cast<int>(w);
+  a.c = static_cast<int>(c);
+  a.stride = static_cast<int>(stride);
+  a.ho = static_cast<int>(ho);
+  a.wo = static_cast<int>(wo);
+  a.lead = static_cast<int>(l0);
+  a.x = xc.data_ptr();
+  a.x_image_stride = n > 1 ? xc.stride(0) : h * w * c;
+  a.weight = wt.data_ptr();
+  a.bias = bias ? bt.data_ptr() : nullptr;
+  a.params_f32 = !native;
+  a.lead_tokens = l0 > 0 ? lc.data_ptr() : nullptr;
+  a.y = y.data_ptr();
+  int dev = x.get_device_index();
+  cudaError_t err = launch_dw_conv(a, multiprocessor_count(dev), current_cuda_stream(dev));
+  CUTLASS_OPS_CHECK(err == cudaSuccess, "dw_conv3x3_tokens: kernel launch failed: ", cudaGetErrorString(err));
+  return y;
+}
+
+}  // namespace dw_conv
+}  // namespace cutlass_ops
+
+STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
+  m.impl("dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_cuda));
+}

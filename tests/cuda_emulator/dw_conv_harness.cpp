@@ -1,0 +1,43 @@
+// cutlass_ops::dw_conv's kernel (kernels/dw_conv/dw_conv_device.cuh) on the CPU emulator, with
+// the vector width the CUDA launcher would pick.  Built by tests/python/test_dw_conv.py:
+//   g++ -I kernels -include cuda_emulate_prelude.h dw_conv_harness.cpp
+#include "dw_conv/dw_conv_device.cuh"
+
+using namespace cutlass_ops::dw_conv;
+
+// Returns 0, 1 on a deadlock; vec_out: the vector width used.  grid 0: the launcher's own count
+// for a GPU of 2 SMs (so that threads loop over several rows).
+extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int stride, int lead, const void* x,
+                           long long x_image_stride,
+                           const void* weight, const void* bias, int params_f32, const void* lead_tokens, void* y,
+                           unsigned grid, unsigned seed, int* vec_out) {
+  DwConvArgs a{};
+  a.dtype = bf16 ? DType::kBF16 : DType::kF16;
+  a.n = n;
+  a.h = h;
+  a.w = w;
+  a.c = c;
+  a.stride = stride;
+  a.ho = (h - 1) / stride + 1;
+  a.wo = (w - 1) / stride + 1;
+  a.lead = lead;
+  a.x = x;
+  a.x_image_stride = x_image_stride;
+  a.weight = weight;
+  a.bias = bias;
+  a.params_f32 = params_f32 != 0;
+  a.lead_tokens = lead_tokens;
+  a.y = y;
+  const int vec = dw_conv_vec(a);
+  *vec_out = vec;
+  if (grid == 0) grid = static_cast<unsigned>(dw_conv_ctas(a, vec, 2 * 32));
+  static unsigned char no_smem[16];
+  auto body = [&] {
+    if (bf16) {
+      if (vec == 8) dw_conv_kernel<__nv_bfloat16, 8>(a); else dw_conv_kernel<__nv_bfloat16, 1>(a);
+    } else {
+      if (vec == 8) dw_conv_kernel<__half, 8>(a); else dw_conv_kernel<__half, 1>(a);
+    }
+  };
+  return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
+}
