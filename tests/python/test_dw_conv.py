@@ -6,26 +6,18 @@ without the lead rows, against float64, outputs poisoned with NaN and guard elem
 two thread schedules bitwise equal, 16-bit parameters bitwise as their float32 copies); the
 kernel on a GPU (skipped without one); FusedCvT with the switch against its default path."""
 import ctypes
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import _emulator
 import cutlass_ops
 from cutlass_ops.ops import dw_conv3x3_tokens
 
-ROOT = Path(__file__).resolve().parents[2]
-EMU = ROOT / "tests" / "cuda_emulator"
-CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
-CXX = shutil.which(os.environ.get("CXX", "g++"))
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
-emulator = pytest.mark.skipif(CXX is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
-                              reason="needs g++ and the CUDA headers (cuda_fp16.h)")
+emulator = pytest.mark.skipif(not _emulator.AVAILABLE, reason=_emulator.MISSING)
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
@@ -107,13 +99,7 @@ def test_bad_input_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def dw_emulator(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("dw_emu") / "dw_emu.so"
-    cmd = [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{CUDA_INCLUDE}", f"-I{ROOT / 'kernels'}",
-           f"-I{EMU}", "-include", str(EMU / "cuda_emulate_prelude.h"), "-x", "c++",
-           str(EMU / "dw_conv_harness.cpp"), "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ctypes.CDLL(str(lib))
+    return _emulator.build("dw_conv_harness.cpp", tmp_path_factory.mktemp("dw_emu") / "dw_emu.so")
 
 
 GUARD = 64

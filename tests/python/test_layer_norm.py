@@ -5,26 +5,18 @@ launcher picks, against the CPU path, two thread schedules bitwise equal, guard 
 kernel on a GPU (skipped without one); FusedCvT with its fused LayerNorms (the default) against
 CUTLASS_OPS_CVT_FUSED_LN=0."""
 import ctypes
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import _emulator
 import cutlass_ops
 from cutlass_ops.ops import layer_norm_rows
 
-ROOT = Path(__file__).resolve().parents[2]
-EMU = ROOT / "tests" / "cuda_emulator"
-CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
-CXX = shutil.which(os.environ.get("CXX", "g++"))
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
-emulator = pytest.mark.skipif(CXX is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
-                              reason="needs g++ and the CUDA headers (cuda_fp16.h)")
+emulator = pytest.mark.skipif(not _emulator.AVAILABLE, reason=_emulator.MISSING)
 
 # float64 reference: x + residual rounded to x's dtype (as the op and CvT's block), then the
 # LayerNorm in float64; bounds per dtype on ||y - ref|| / ||ref||
@@ -112,13 +104,7 @@ def test_errors():
 
 @pytest.fixture(scope="module")
 def ln_emulator(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("ln_emu") / "ln_emu.so"
-    cmd = [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", f"-I{CUDA_INCLUDE}", f"-I{ROOT / 'kernels'}",
-           f"-I{EMU}", "-include", str(EMU / "cuda_emulate_prelude.h"), "-x", "c++",
-           str(EMU / "layer_norm_harness.cpp"), "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ctypes.CDLL(str(lib))
+    return _emulator.build("layer_norm_harness.cpp", tmp_path_factory.mktemp("ln_emu") / "ln_emu.so")
 
 
 GUARD = 64
