@@ -195,6 +195,20 @@ inline Tensor scalar_like(Tensor const& t, double value) {
 inline Tensor to_dtype(Tensor const& t, ScalarType dtype) {
   return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype);
 }
+// A kernel's weight and bias as it reads them (load_param, common/half_chunk.cuh): as they are
+// where each given one is in x's dtype (a 16-bit model's own: no cast kernel per call), else
+// both as float32; contiguous; undefined where not given.
+struct KernelParams {
+  Tensor weight, bias;
+  bool f32;
+};
+inline KernelParams kernel_params(std::optional<Tensor> const& weight, std::optional<Tensor> const& bias,
+                                  ScalarType x_dtype) {
+  bool const native = (!weight || weight->scalar_type() == x_dtype) && (!bias || bias->scalar_type() == x_dtype);
+  ScalarType const t = native ? x_dtype : kFloat;
+  return {weight ? torch::stable::contiguous(to_dtype(*weight, t)) : Tensor(),
+          bias ? torch::stable::contiguous(to_dtype(*bias, t)) : Tensor(), !native};
+}
 // Whether a 4-D tensor is dense in channels_last order (ATen's definition: size-1 dims
 // may have any stride).
 // t.narrow(dim, start, length) on a const tensor or a temporary (torch::stable::narrow takes a

@@ -19,11 +19,7 @@ Tensor dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor cons
   // rows contiguous; images may be apart (a view of tokens that skips the cls row) or not
   Tensor xc = x.stride(2) == 1 && x.stride(1) == c ? x : torch::stable::contiguous(x);
   Tensor lc = lead ? torch::stable::contiguous(*lead) : Tensor();
-  // weight and bias as they are where both are in x's dtype (converted in the kernel), else float32
-  bool const native = weight.scalar_type() == dtype && (!bias || bias->scalar_type() == dtype);
-  ScalarType const pt = native ? dtype : kFloat;
-  Tensor wt = torch::stable::contiguous(to_dtype(weight, pt));
-  Tensor bt = bias ? torch::stable::contiguous(to_dtype(*bias, pt)) : Tensor();
+  KernelParams const p = kernel_params(weight, bias, dtype);
   Tensor y = empty({n, l0 + ho * wo, c}, dtype, x.device());
   DwConvArgs a{};
   a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
@@ -37,9 +33,9 @@ Tensor dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor cons
   a.lead = static_cast<int>(l0);
   a.x = xc.data_ptr();
   a.x_image_stride = n > 1 ? xc.stride(0) : h * w * c;
-  a.weight = wt.data_ptr();
-  a.bias = bias ? bt.data_ptr() : nullptr;
-  a.params_f32 = !native;
+  a.weight = p.weight.data_ptr();
+  a.bias = bias ? p.bias.data_ptr() : nullptr;
+  a.params_f32 = p.f32;
   a.lead_tokens = l0 > 0 ? lc.data_ptr() : nullptr;
   a.y = y.data_ptr();
   int dev = x.get_device_index();

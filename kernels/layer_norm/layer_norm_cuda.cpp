@@ -17,12 +17,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> layer_norm_rows_cuda(Tensor const& x,
   DeviceGuard guard(x.get_device_index());
   Tensor xc = torch::stable::contiguous(x);
   Tensor rc = residual ? torch::stable::contiguous(*residual) : Tensor();
-  // weight and bias as they are where both are in x's dtype (the kernel converts them exactly:
-  // no cast kernel per call, two per LayerNorm in CvT's CUDA graph), else float32
-  bool const params_native = (!weight || weight->scalar_type() == dtype) && (!bias || bias->scalar_type() == dtype);
-  ScalarType const param_type = params_native ? dtype : kFloat;
-  Tensor w = weight ? torch::stable::contiguous(to_dtype(*weight, param_type)) : Tensor();
-  Tensor b = bias ? torch::stable::contiguous(to_dtype(*bias, param_type)) : Tensor();
+  KernelParams const p = kernel_params(weight, bias, dtype);  // no cast kernels for a 16-bit model's own
   int64_t const rows = x.numel() / cols;
   Tensor y = empty(x.sizes(), dtype, x.device());
   Tensor s = residual ? empty(x.sizes(), dtype, x.device()) : empty({0}, dtype, x.device());
@@ -34,9 +29,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> layer_norm_rows_cuda(Tensor const& x,
   a.eps = static_cast<float>(eps);
   a.x = xc.data_ptr();
   a.residual = residual ? rc.data_ptr() : nullptr;
-  a.weight = weight ? w.data_ptr() : nullptr;
-  a.bias = bias ? b.data_ptr() : nullptr;
-  a.params_f32 = !params_native;
+  a.weight = weight ? p.weight.data_ptr() : nullptr;
+  a.bias = bias ? p.bias.data_ptr() : nullptr;
+  a.params_f32 = p.f32;
   a.y = y.data_ptr();
   a.sum = residual ? s.data_ptr() : nullptr;
   a.mean = mean.mutable_data_ptr<float>();
