@@ -351,27 +351,22 @@ def _ln_setup(ctx, inputs, output):
 
 
 def _ln_backward(ctx, grad_y, grad_s, grad_mean, grad_rstd):
-    """ATen's LayerNorm backward in the statistics' dtype (float32 for 16-bit x, as the forward
-    computed); the gradient reaching the sum (grad_s) from its other users is added."""
+    """layer_norm_rows_backward: the input gradient plus the gradient reaching the sum (grad_s)
+    from its other users, in one kernel for 16-bit rows on CUDA (ATen's LayerNorm backward in
+    float32 otherwise)."""
     s, weight, bias, mean, rstd = ctx.saved_tensors
-    ct = mean.dtype
-    cols = s.shape[-1]
-    grad_in = None
-    grad_w = grad_b = None
-    if grad_y is not None:
-        w = weight.to(ct) if weight is not None else None
-        b = bias.to(ct) if bias is not None else None
-        mask = [True, weight is not None and ctx.needs_input_grad[2], bias is not None and ctx.needs_input_grad[3]]
-        grad_in, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
-            grad_y.reshape(-1, cols).to(ct), s.reshape(-1, cols).to(ct), [cols], mean.reshape(-1, 1),
-            rstd.reshape(-1, 1), w, b, mask)
-        grad_in = grad_in.reshape(s.shape)
-    if grad_s is not None:
-        grad_in = grad_s.to(ct) if grad_in is None else grad_in + grad_s.to(ct)
-    grad_x = grad_in.to(s.dtype) if grad_in is not None else None
-    return (grad_x, grad_x if ctx.has_residual else None,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None, None)
+    if not ctx.has_residual:  # the op's second output is then an empty placeholder
+        grad_s = None
+    if grad_y is None:  # only the sum is used downstream
+        grad_x = grad_s
+        grad_w = grad_b = None
+    else:
+        grad_x, grad_w, grad_b = torch.ops.cutlass_ops.layer_norm_rows_backward(
+            grad_y, grad_s, s, mean, rstd, weight, weight is not None and ctx.needs_input_grad[2],
+            bias is not None and ctx.needs_input_grad[3])
+        grad_w = grad_w.to(weight.dtype) if grad_w.numel() else None
+        grad_b = grad_b.to(bias.dtype) if grad_b.numel() else None
+    return grad_x, (grad_x if ctx.has_residual else None), grad_w, grad_b, None
 
 
 torch.library.register_autograd("cutlass_ops::layer_norm_rows", _ln_backward, setup_context=_ln_setup)

@@ -88,13 +88,13 @@ def fused_mlp_enabled() -> bool:
 
 
 def dw_bias_in_linear_enabled() -> bool:
-    """CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR=1 (eval mode): each dw_bn projection's folded
+    """CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR (default on; eval mode): each dw_bn projection's folded
     BatchNorm bias goes into the q/k/v Linear's bias (W (conv(m) + c) + b = W conv(m) + (W c +
     b), one small addmv a projection) instead of an elementwise add over the whole map after the
-    depthwise conv (cuDNN's depthwise kernel adds no bias: the H200 profile at N=64 shows 39 such
-    adds, about 0.28 ms of the 4.65 ms forward); the cls token (stage 3) enters as cls - c so its
-    row is unchanged.  Opt-in until timed on a GPU; read per forward."""
-    return os.environ.get("CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR", "0") == "1"
+    depthwise conv (cuDNN's depthwise kernel adds no bias); the cls token (stage 3) enters as
+    cls - c so its row is unchanged.  H200, N=64, fp16, CUDA graph: forward 4.303 -> 3.968 ms
+    (docs/results/cvt_h200_session12/); =0 turns it off; read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR", "1") != "0"
 
 
 def dw_tokens_enabled() -> bool:

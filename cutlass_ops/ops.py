@@ -414,6 +414,13 @@ def _layer_norm_rows_fake(x, residual, weight, bias, eps):
             x.new_empty((rows,), dtype=stat), x.new_empty((rows,), dtype=stat))
 
 
+@torch.library.register_fake("cutlass_ops::layer_norm_rows_backward")
+def _layer_norm_rows_backward_fake(grad_y, grad_sum, s, mean, rstd, weight, weight_grad, bias_grad):
+    cols = s.shape[-1]
+    return (s.new_empty(s.shape), mean.new_empty((cols,) if weight_grad and weight is not None else (0,)),
+            mean.new_empty((cols,) if bias_grad else (0,)))
+
+
 def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
                       stride: int, lead: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A depthwise 3x3 conv (padding 1, stride 1 or 2) with a per-channel bias on the NHWC map

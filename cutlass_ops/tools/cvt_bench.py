@@ -37,17 +37,17 @@ from ..fused_cvt import FusedCvT
 from .train_check import plot, train_losses
 
 # FusedCvT's switchable paths (fused_cvt.py), by the switches set while its CUDA graph is
-# captured: the default fuses the LayerNorms (layer_norm_rows) and runs QuickGELU as one SiLU
-# (both timed faster on the H200); the variants turn one or both off ("unfused LN", "QuickGELU",
-# "no LN/SiLU fusion"), or turn on an opt-in one: stage 1's MLP as one FusedMLP kernel
-# ("FusedMLP"), the dw_bn bias in the q/k/v Linears ("dw bias in linear", eval only), the
-# dw_bn projections as dw_conv3x3_tokens kernels ("dw tokens", eval with autograd off).
+# captured: the default fuses the LayerNorms (layer_norm_rows), runs QuickGELU as one SiLU and
+# (eval) adds the dw_bn bias in the q/k/v Linears (all timed faster on the H200); the variants
+# turn one off ("unfused LN", "QuickGELU", "no LN/SiLU fusion", "dw bias after conv"), or turn
+# on an opt-in one: stage 1's MLP as one FusedMLP kernel ("FusedMLP"), the dw_bn projections as
+# dw_conv3x3_tokens kernels ("dw tokens", eval with autograd off).
 FUSED_CVT_VARIANTS = {
     "FusedCvT unfused LN + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0"},
     "FusedCvT QuickGELU + CUDA graph": {"CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT no LN/SiLU fusion + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT FusedMLP + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_MLP": "1"},
-    "FusedCvT dw bias in linear + CUDA graph": {"CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "1"},
+    "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
     "FusedCvT dw tokens + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "1"},
 }
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",

@@ -118,25 +118,36 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
   }
 }
 
-// How the kernel covers a row: kVec, kLanes, kChunks (lanes == 0: not covered).  16-byte
+// How the kernels cover a row: kVec, kLanes, kChunks (lanes == 0: not covered).  16-byte
 // chunks where every row starts aligned; lanes per row and chunks per lane so that a row fits
-// the registers (up to 2048 columns with 16-byte chunks, 512 without).
+// the registers (up to 2048 columns with 16-byte chunks, 512 without; the backward, which
+// holds two values and two sums per column, up to 1024 with 16-byte chunks).
 struct LayerNormShape {
   int vec, lanes, chunks;
 };
 
-inline LayerNormShape layer_norm_shape(LayerNormArgs const& a) {
-  const bool vec8 = a.cols % 8 == 0 && aligned16(a.x) && aligned16(a.y) &&
-                    (a.residual == nullptr || (aligned16(a.residual) && aligned16(a.sum)));
-  const int vec = vec8 ? 8 : 1, n = a.cols / vec;
+inline LayerNormShape row_shape(int cols, bool vec8, int max_chunks8) {
+  const int vec = vec8 ? 8 : 1, n = cols / vec;
   if (vec8) {
     if (n <= 4) return {8, 4, 1};
     if (n <= 8) return {8, 8, 1};
     if (n <= 16) return {8, 16, 1};
   }
-  for (int chunks = 1; chunks <= (vec8 ? 8 : 16); chunks *= 2)
+  for (int chunks = 1; chunks <= (vec8 ? max_chunks8 : 16); chunks *= 2)
     if (n <= 32 * chunks) return {vec, 32, chunks};
   return {vec, 0, 0};
+}
+
+inline LayerNormShape layer_norm_shape(LayerNormArgs const& a) {
+  const bool vec8 = a.cols % 8 == 0 && aligned16(a.x) && aligned16(a.y) &&
+                    (a.residual == nullptr || (aligned16(a.residual) && aligned16(a.sum)));
+  return row_shape(a.cols, vec8, 8);
+}
+
+inline LayerNormShape layer_norm_backward_shape(LayerNormBackwardArgs const& a) {
+  const bool vec8 = a.cols % 8 == 0 && aligned16(a.grad_y) && aligned16(a.s) && aligned16(a.grad_x) &&
+                    (a.grad_sum == nullptr || aligned16(a.grad_sum));
+  return row_shape(a.cols, vec8, 4);
 }
 
 // Calls f.template run<kVec, kLanes, kChunks>() for the shape (one of the instantiated ones).
@@ -167,6 +178,128 @@ inline long long layer_norm_ctas(long long rows, int lanes, long long cap) {
   const long long rows_per_cta = (kThreads / 32) * (32 / lanes);
   const long long need = (rows + rows_per_cta - 1) / rows_per_cta;
   return need < cap ? (need > 0 ? need : 1) : cap;
+}
+
+// One row's chunk of kVec elements: a 16-byte access (kVec 8) or one element.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_chunk(T (&v)[kVec], T const* p) {
+  if constexpr (kVec == 8) {
+    *reinterpret_cast<uint4*>(v) = *reinterpret_cast<uint4 const*>(p);
+  } else {
+    v[0] = p[0];
+  }
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_chunk(T* p, T const (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(v);
+  } else {
+    p[0] = v[0];
+  }
+}
+
+// The backward of layer_norm_kernel, one pass: with xhat = (s - mean) * rstd and g = grad_y *
+// weight, grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ grad_sum), float32 inside,
+// written in T; with kParamGrads each warp also writes its rows' sums of grad_y * xhat (the
+// weight's gradient) and grad_y (the bias's) to its own row of a.partials, which the caller
+// sums (no atomics: the result does not depend on the schedule).  Rows are laid out over
+// lanes as in the forward, so a lane's columns are the same in every row it takes.
+template <typename T, int kVec, int kLanes, int kChunks, bool kGradSum, bool kParamGrads>
+__global__ void __launch_bounds__(kThreads) layer_norm_backward_kernel(LayerNormBackwardArgs a) {
+  constexpr int kRowsPerWarp = 32 / kLanes;
+  const int lane = threadIdx.x & 31, sub = lane % kLanes;
+  const long long warps = (long long)gridDim.x * (kThreads / 32);
+  const long long warp = (long long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+  T const* gy = static_cast<T const*>(a.grad_y);
+  T const* gs = static_cast<T const*>(a.grad_sum);
+  T const* sv = static_cast<T const*>(a.s);
+  T* gx = static_cast<T*>(a.grad_x);
+  float dw[kChunks][kVec], db[kChunks][kVec];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) dw[k][e] = db[k][e] = 0.0f;
+  for (long long row0 = warp * kRowsPerWarp; row0 < a.rows; row0 += warps * kRowsPerWarp) {
+    const long long row = row0 + lane / kLanes;
+    const bool live = row < a.rows;
+    const float mean = live ? a.mean[row] : 0.0f, rstd = live ? a.rstd[row] : 0.0f;
+    float xh[kChunks][kVec], g[kChunks][kVec];
+    float sum_gx = 0.0f, sum_g = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = (sub + k * kLanes) * kVec;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) xh[k][e] = g[k][e] = 0.0f;
+      if (live && c < a.cols) {
+        const long long at = row * a.cols + c;
+        T sc[kVec], gc[kVec];
+        load_chunk<T, kVec>(sc, sv + at);
+        load_chunk<T, kVec>(gc, gy + at);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const float d = to_float(gc[e]);
+          xh[k][e] = (to_float(sc[e]) - mean) * rstd;
+          g[k][e] = a.weight ? d * load_param<T>(a.weight, c + e, a.params_f32) : d;
+          sum_gx += g[k][e] * xh[k][e];
+          sum_g += g[k][e];
+          if constexpr (kParamGrads) {
+            dw[k][e] += d * xh[k][e];
+            db[k][e] += d;
+          }
+        }
+      }
+    }
+    const float c1 = group_sum<kLanes>(sum_gx) / (float)a.cols;
+    const float c2 = group_sum<kLanes>(sum_g) / (float)a.cols;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = (sub + k * kLanes) * kVec;
+      if (live && c < a.cols) {
+        const long long at = row * a.cols + c;
+        float extra[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) extra[e] = 0.0f;
+        if constexpr (kGradSum) {
+          T gc[kVec];
+          load_chunk<T, kVec>(gc, gs + at);
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) extra[e] = to_float(gc[e]);
+        }
+        T out[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) out[e] = from_float<T>(rstd * (g[k][e] - c2 - xh[k][e] * c1) + extra[e]);
+        store_chunk<T, kVec>(gx + at, out);
+      }
+    }
+  }
+  if constexpr (kParamGrads) {
+    // the warp's row groups hold the same columns in lanes sub, sub + kLanes, ...: fold them
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+#pragma unroll
+        for (int o = kLanes; o < 32; o *= 2) {
+          dw[k][e] += __shfl_xor_sync(0xffffffffu, dw[k][e], o);
+          db[k][e] += __shfl_xor_sync(0xffffffffu, db[k][e], o);
+        }
+    if (lane < kLanes) {
+      float* pw = a.partials + warp * a.cols;
+      float* pb = a.partials + (a.partial_rows + warp) * a.cols;
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int c = (sub + k * kLanes) * kVec;
+        if (c < a.cols) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            pw[c + e] = dw[k][e];
+            pb[c + e] = db[k][e];
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace layer_norm

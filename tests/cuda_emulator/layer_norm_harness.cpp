@@ -52,3 +52,57 @@ extern "C" int emu_layer_norm(int bf16, long long rows, int cols, float eps, con
   return bf16 ? with_layer_norm_shape(sh, Emulate<__nv_bfloat16>{a, grid, seed})
               : with_layer_norm_shape(sh, Emulate<__half>{a, grid, seed});
 }
+
+namespace {
+template <typename T>
+struct EmulateBackward {
+  LayerNormBackwardArgs const& a;
+  unsigned grid, seed;
+  template <bool kGradSum, bool kParamGrads, int kVec, int kLanes, int kChunks>
+  int go() const {
+    auto body = [&] { layer_norm_backward_kernel<T, kVec, kLanes, kChunks, kGradSum, kParamGrads>(a); };
+    static unsigned char no_smem[16];
+    return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
+  }
+  template <int kVec, int kLanes, int kChunks>
+  int run() const {
+    if constexpr (kVec * kChunks > 32) {
+      return 2;
+    } else {
+      if (a.grad_sum && a.partials) return go<true, true, kVec, kLanes, kChunks>();
+      if (a.grad_sum) return go<true, false, kVec, kLanes, kChunks>();
+      if (a.partials) return go<false, true, kVec, kLanes, kChunks>();
+      return go<false, false, kVec, kLanes, kChunks>();
+    }
+  }
+};
+}  // namespace
+
+// The backward on `grid` CTAs (the caller's partials hold grid * kThreads / 32 rows per
+// parameter when given).  Returns 0, 1 on a deadlock, 2 where the kernel does not cover the shape.
+extern "C" int emu_layer_norm_backward(int bf16, long long rows, int cols, const void* grad_y, const void* grad_sum,
+                                       const void* s, const float* mean, const float* rstd, const void* weight,
+                                       int params_f32, void* grad_x, float* partials, unsigned grid, unsigned seed,
+                                       int* shape_out) {
+  LayerNormBackwardArgs a{};
+  a.dtype = bf16 ? DType::kBF16 : DType::kF16;
+  a.rows = rows;
+  a.cols = cols;
+  a.grad_y = grad_y;
+  a.grad_sum = grad_sum;
+  a.s = s;
+  a.mean = mean;
+  a.rstd = rstd;
+  a.weight = weight;
+  a.params_f32 = params_f32 != 0;
+  a.grad_x = grad_x;
+  a.partials = partials;
+  a.partial_rows = (long long)grid * (kThreads / 32);
+  const LayerNormShape sh = layer_norm_backward_shape(a);
+  shape_out[0] = sh.vec;
+  shape_out[1] = sh.lanes;
+  shape_out[2] = sh.chunks;
+  if (sh.lanes == 0) return 2;
+  return bf16 ? with_layer_norm_shape(sh, EmulateBackward<__nv_bfloat16>{a, grid, seed})
+              : with_layer_norm_shape(sh, EmulateBackward<__half>{a, grid, seed});
+}

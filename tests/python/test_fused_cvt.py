@@ -202,12 +202,13 @@ def _low_precision_check(device, dtype, n, h, w, train: bool):
     return fused, xs["fused"]
 
 
-# Every switchable path on: the default ones (LayerNorms as layer_norm_rows, QuickGELU as SiLU)
-# and the opt-in ones (FusedMLP for stage 1's MLP, the dw_bn bias in the q/k/v Linears).  UNFUSED: the default ones off (ATen's LayerNorm,
-# add and QuickGELU), the path before them, still selectable.
+# Every switchable path on: the default ones (LayerNorms as layer_norm_rows, QuickGELU as SiLU,
+# the dw_bn bias in the q/k/v Linears) and the opt-in one (FusedMLP for stage 1's MLP).
+# UNFUSED: the default ones off (ATen's LayerNorm, add and QuickGELU, the dw_bn bias added
+# after the conv), the path before them, still selectable.
 OPT_IN = {"CUTLASS_OPS_CVT_FUSED_LN": "1", "CUTLASS_OPS_CVT_SILU_MLP": "1", "CUTLASS_OPS_CVT_FUSED_MLP": "1",
           "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "1"}
-UNFUSED = {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0"}
+UNFUSED = {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"}
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])

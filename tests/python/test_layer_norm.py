@@ -200,6 +200,124 @@ def test_kernel_on_the_emulator_misaligned_and_too_wide(ln_emulator):
         assert run_emulated(ln_emulator, x, r, w, b)[0] is None
 
 
+def backward_reference(s, gy, gs, w, eps=1e-5):
+    """float64 gradients of LayerNorm(s) (s the 16-bit sum the forward normalized) for output
+    gradient gy, plus gs: (grad_x, grad_weight, grad_bias)."""
+    s64 = s.double().requires_grad_(True)
+    w64 = None if w is None else w.double().requires_grad_(True)
+    b64 = torch.zeros(s.shape[-1], dtype=torch.float64, requires_grad=True)
+    F.layer_norm(s64, [s.shape[-1]], w64, b64, eps).backward(gy.double())
+    gx = s64.grad + (0 if gs is None else gs.double())
+    return gx, (None if w is None else w64.grad), b64.grad
+
+
+def run_emulated_backward(lib, gy, gs, s, mean, rstd, w, params=True, grid=2, seed=0, offset=0):
+    """The backward kernel on `grid` CTAs: grad_x poisoned with NaN and guarded, the per-warp
+    partials poisoned too (each warp must write its row) and summed here as the op does."""
+    rows, cols = s.shape
+    n = rows * cols
+
+    def placed(t):
+        if t is None:
+            return None
+        buf = torch.empty(n + offset, dtype=t.dtype)
+        buf[offset:] = t.reshape(-1)
+        return buf[offset:]
+    gyp, gsp, sp = placed(gy), placed(gs), placed(s)
+    gxf = _guarded(n + offset, s.dtype)
+    warps = grid * 8
+    pf = _guarded(2 * warps * cols, torch.float32) if params else None
+    shape = (ctypes.c_int * 3)()
+    ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    rc = lib.emu_layer_norm_backward(int(s.dtype == torch.bfloat16), ctypes.c_longlong(rows), cols, ptr(gyp),
+                                     ptr(gsp), ptr(sp), ptr(mean), ptr(rstd), ptr(w),
+                                     int(w is None or w.dtype == torch.float32), ptr(gxf[offset:]), ptr(pf),
+                                     grid, seed, shape)
+    if rc == 2:
+        return None, tuple(shape)
+    assert rc == 0, "deadlock"
+    assert bool((gxf[n + offset:] == -777.0).all()), "a write past grad_x"
+    gx = gxf[offset:n + offset].view(rows, cols)
+    sums = None
+    if params:
+        assert bool((pf[2 * warps * cols:] == -777.0).all()), "a write past the partials"
+        part = pf[:2 * warps * cols].view(2, warps, cols)
+        assert not part.isnan().any(), "a warp left its partial row unwritten"
+        sums = part.sum(1)
+    return (gx, sums), tuple(shape)
+
+
+def backward_inputs(rows, cols, dtype, grad_sum, weight, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, r, w, b = inputs((rows, cols), dtype, residual=True, seed=seed)
+    if weight == "x dtype":
+        w = w.to(dtype)
+    elif weight is None:
+        w = None
+    _, s, mean, rstd = torch.ops.cutlass_ops.layer_norm_rows(x, r, w, b, 1e-5)
+    gy = torch.randn((rows, cols), generator=g).to(dtype)
+    gs = torch.randn((rows, cols), generator=g).to(dtype) if grad_sum else None
+    return gy, gs, s, mean, rstd, w
+
+
+@emulator
+@pytest.mark.parametrize("cols, shape", [(24, (8, 4, 1)), (64, (8, 8, 1)), (128, (8, 16, 1)), (192, (8, 32, 1)),
+                                         (384, (8, 32, 2)), (1024, (8, 32, 4)), (3, (1, 32, 1)), (100, (1, 32, 4)),
+                                         (57, (1, 32, 2))])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("grad_sum", [True, False])
+def test_backward_kernel_on_the_emulator(ln_emulator, cols, shape, dtype, grad_sum):
+    """The backward kernel at every row shape it takes, 37 rows on 2 CTAs (warps looping over
+    several row groups, warps with rows past the end): grad_x (+ grad_sum) and the summed
+    per-warp partials (the weight's and bias's gradients) against float64 and the op's CPU path
+    (ATen's float32 backward); two schedules bitwise equal; nothing written past an output."""
+    weight = {24: None, 64: "x dtype"}.get(cols, "float32")
+    gy, gs, s, mean, rstd, w = backward_inputs(37, cols, dtype, grad_sum, weight, seed=cols)
+    got, picked = run_emulated_backward(ln_emulator, gy, gs, s, mean, rstd, w, params=True, seed=0)
+    assert picked == shape
+    again, _ = run_emulated_backward(ln_emulator, gy, gs, s, mean, rstd, w, params=True, seed=5)
+    assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
+    gx, sums = got
+    ref_gx, ref_gw, ref_gb = backward_reference(s, gy, gs, w)
+    cpu_gx, cpu_gw, cpu_gb = torch.ops.cutlass_ops.layer_norm_rows_backward(gy, gs, s, mean, rstd, w, True, True)
+    assert rel(gx, ref_gx) <= TOL[dtype] and rel(gx, cpu_gx) <= TOL[dtype] / 2
+    assert rel(sums[1], ref_gb) <= 1e-5 and rel(sums[1], cpu_gb) <= 1e-5
+    if w is not None:
+        assert rel(sums[0], ref_gw) <= 1e-4 and rel(sums[0], cpu_gw) <= 1e-4
+    nop, _ = run_emulated_backward(ln_emulator, gy, gs, s, mean, rstd, w, params=False)
+    assert torch.equal(nop[0], gx)  # the parameters' sums do not change grad_x
+
+
+@emulator
+def test_backward_kernel_on_the_emulator_misaligned_and_too_wide(ln_emulator):
+    """Pointers off 16 bytes: the element-wise path, same numbers; rows over 1024 columns (or
+    over 512 not a multiple of 8) are not covered: the CUDA op runs ATen's backward."""
+    gy, gs, s, mean, rstd, w = backward_inputs(9, 64, torch.float16, True, "float32", seed=2)
+    aligned, _ = run_emulated_backward(ln_emulator, gy, gs, s, mean, rstd, w)
+    got, picked = run_emulated_backward(ln_emulator, gy, gs, s, mean, rstd, w, offset=1)
+    assert picked == (1, 32, 2)
+    assert rel(got[0], aligned[0]) <= 1e-3 and rel(got[1], aligned[1]) <= 1e-5
+    for cols in (1032, 521):
+        gy, gs, s, mean, rstd, w = backward_inputs(2, cols, torch.float16, False, "float32", seed=3)
+        assert run_emulated_backward(ln_emulator, gy, gs, s, mean, rstd, w)[0] is None
+
+
+def test_cpu_backward_op_and_errors():
+    """layer_norm_rows_backward's CPU path (what autograd calls) against float64, the
+    parameters' gradients only where asked for, and its argument checks."""
+    gy, gs, s, mean, rstd, w = backward_inputs(5, 24, torch.float16, True, "float32", seed=4)
+    gx, gw, gb = torch.ops.cutlass_ops.layer_norm_rows_backward(gy, gs, s, mean, rstd, w, False, True)
+    ref_gx, _, ref_gb = backward_reference(s, gy, gs, w)
+    assert gx.dtype == torch.float16 and rel(gx, ref_gx) <= TOL[torch.float16]
+    assert gw.numel() == 0 and rel(gb, ref_gb) <= 1e-5
+    with pytest.raises(ValueError, match="grad_y must match s"):
+        torch.ops.cutlass_ops.layer_norm_rows_backward(gy[:4], gs, s, mean, rstd, w, True, True)
+    with pytest.raises(ValueError, match="rstd must be"):
+        torch.ops.cutlass_ops.layer_norm_rows_backward(gy, gs, s, mean, rstd.double(), w, True, True)
+    with pytest.raises(ValueError, match="weight must be"):
+        torch.ops.cutlass_ops.layer_norm_rows_backward(gy, gs, s, mean, rstd, w[:3], True, True)
+
+
 # ---- CUDA -----------------------------------------------------------------------------------
 
 @cuda_only
@@ -218,11 +336,11 @@ def test_cuda_params_in_x_dtype(dtype):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cols", [64, 192, 384, 57, 3000])
+@pytest.mark.parametrize("cols", [64, 192, 384, 57, 1024, 2048, 3000])
 @pytest.mark.parametrize("residual", [True, False])
 def test_cuda_vs_float64_and_cpu_path(dtype, cols, residual):
     """The kernel (3000 columns: ATen's) at an odd row count against float64 and the CPU path,
-    and its gradients against float64's."""
+    and its gradients (the backward kernel up to 1024 columns, ATen's above) against float64's."""
     x, r, w, b = inputs((2053, cols), dtype, residual=residual)
     xc, rc, wc, bc = (None if t is None else t.cuda().requires_grad_(True) for t in (x, r, w, b))
     y, s = layer_norm_rows(xc, wc, bc, 1e-5, rc)
