@@ -62,6 +62,7 @@ from torch import nn
 from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
                   layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
+from .linear import linear
 from .ops import conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
@@ -286,8 +287,8 @@ class FusedCvT(ConvolutionalVisionTransformer):
             return y.reshape(*h.shape[:-1], y.shape[-1])
         if silu_mlp_enabled():
             return self._silu_mlp(mlp, h)
-        y = mlp.drop(quick_gelu(F.linear(h, mlp.fc1.weight, mlp.fc1.bias)))
-        return mlp.drop(F.linear(y, mlp.fc2.weight, mlp.fc2.bias))
+        y = mlp.drop(quick_gelu(linear(h, mlp.fc1.weight, mlp.fc1.bias)))
+        return mlp.drop(linear(y, mlp.fc2.weight, mlp.fc2.bias))
 
     def _register_fused_mlps(self) -> None:
         """Each block MLP FusedMLP can take (fc1, QuickGELU, fc2, no wider than 256: stage 1's)
@@ -327,13 +328,9 @@ class FusedCvT(ConvolutionalVisionTransformer):
         No weight is folded, so nothing is recomputed per call (a CUDA graph replays one small
         kernel per block, not the fold's nine)."""
         fc1, fc2 = mlp.fc1, mlp.fc2
-        h2d = h.reshape(-1, h.shape[-1])
-        b1 = fc1.bias * QUICK_GELU_SCALE if fc1.bias is not None else h2d.new_zeros(())
-        z = torch.addmm(b1, h2d, fc1.weight.t(), beta=1 if fc1.bias is not None else 0, alpha=QUICK_GELU_SCALE)
-        y = mlp.drop(F.silu(z))
-        b2 = fc2.bias if fc2.bias is not None else y.new_zeros(())
-        out = torch.addmm(b2, y, fc2.weight.t(), beta=1 if fc2.bias is not None else 0, alpha=1 / QUICK_GELU_SCALE)
-        return mlp.drop(out.reshape(*h.shape[:-1], out.shape[-1]))
+        b1 = fc1.bias * QUICK_GELU_SCALE if fc1.bias is not None else None
+        y = mlp.drop(F.silu(linear(h, fc1.weight, b1, alpha=QUICK_GELU_SCALE)))
+        return mlp.drop(linear(y, fc2.weight, fc2.bias, alpha=1 / QUICK_GELU_SCALE))
 
     def _dw_bn(self, proj: nn.Sequential, m: torch.Tensor, folds: dict, bias_apart: bool = False):
         """Depthwise conv + BatchNorm on an NHWC map (N, C, H, W) -> (tokens (N, H'*W', C), c):
@@ -441,8 +438,8 @@ class FusedCvT(ConvolutionalVisionTransformer):
             apart = dw_bias_in_linear_enabled()
             parts = [self._dw_bn(p, m, folds, apart) for p in projs]
             if attn.with_cls_token:  # the cls row less the bias the Linear adds back
-                parts = [(torch.cat(((cls_token if c is None else cls_token - c).to(z.dtype), z), dim=1), c)
-                         for z, c in parts]
+                parts = [(torch.cat(((cls_token if c is None else cls_token - c).to(z.dtype), _contiguous_grad(z)),
+                                    dim=1), c) for z, c in parts]
         heads = attn.num_heads
 
         def split(part, lin):
@@ -450,7 +447,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
             b = lin.bias
             if c is not None:  # W (z + c) + b = W z + (W c + b)
                 b = lin.weight @ c.to(lin.weight.dtype) if b is None else torch.addmv(b, lin.weight, c.to(b.dtype))
-            z = F.linear(z, lin.weight, b)
+            z = linear(z, lin.weight, b)
             return z.reshape(n, z.shape[1], heads, z.shape[2] // heads).transpose(1, 2)
 
         return tuple(split(part, lin) for part, lin in zip(parts, (attn.proj_q, attn.proj_k, attn.proj_v)))
@@ -467,7 +464,31 @@ class FusedCvT(ConvolutionalVisionTransformer):
             # RMS 0.084 vs 0.046 in test_fused_cvt_bfloat16_cpu; 0.052 this way).
             o = attn.attn_drop(torch.softmax(q @ k.transpose(-2, -1) * attn.scale, dim=-1)) @ v
         o = o.transpose(1, 2).reshape(n, o.shape[2], attn.dim)
-        return attn.proj_drop(F.linear(o, attn.proj.weight, attn.proj.bias))
+        return attn.proj_drop(linear(o, attn.proj.weight, attn.proj.bias))
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous.  The tokens after a dw_bn
+    projection are concatenated behind the cls token (stage 3), so the gradient reaching them is
+    a slice with a batch stride of 197 rows, not 196: BatchNorm's backward then takes ATen's
+    generic-layout kernels (H200, training step at N=64: 1.92 ms for stage 3's 30, where the
+    channels-last kernels take ~0.4) and the conv's backward copies it; one copy here instead."""
+
+    @staticmethod
+    def forward(x):
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _contiguous_grad(x: torch.Tensor) -> torch.Tensor:
+    return _ContiguousGrad.apply(x) if torch.is_grad_enabled() and x.requires_grad else x
 
 
 __all__ = ["FusedCvT"]
