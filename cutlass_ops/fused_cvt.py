@@ -437,7 +437,13 @@ class FusedCvT(ConvolutionalVisionTransformer):
                 wt, bias = folds[id(p)] if id(p) in folds else self._folded_dw_bn(p)
                 parts.append((dw_conv3x3_tokens(x, h, w, wt, bias, p.conv.stride[0], lead), None))
         else:
-            m = x.reshape(n, h, w, c).permute(0, 3, 1, 2)  # NHWC memory, NCHW view
+            m = x.reshape(n, h, w, c)
+            if not m.is_contiguous():
+                # stage 3's map behind the cls row (batch stride 197 rows): each of the three convs
+                # would copy it, and each of their backwards again (H200, training step at N=64:
+                # 60 copies, 0.72 ms); once here instead
+                m = m.contiguous()
+            m = m.permute(0, 3, 1, 2)  # NHWC memory, NCHW view
             apart = dw_bias_in_linear_enabled()
             parts = [self._dw_bn(p, m, folds, apart) for p in projs]
             if attn.with_cls_token:  # the cls row less the bias the Linear adds back
