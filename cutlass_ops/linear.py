@@ -24,15 +24,21 @@ def bias_grad_by_gemv() -> bool:
     return os.environ.get("CUTLASS_OPS_LINEAR_BGRAD", "gemv") != "sum"
 
 
+def _addmm(x, weight, bias, alpha):
+    """alpha * x @ weight^T + bias in one cuBLAS call (alpha applied in float32 before rounding);
+    without a bias, beta = 0 and the unused input ignored (torch.addmm's documented rule)."""
+    x2d = x.reshape(-1, x.shape[-1])
+    if bias is None:
+        out = torch.addmm(x2d.new_empty(()), x2d, weight.t(), beta=0, alpha=alpha)
+    else:
+        out = torch.addmm(bias, x2d, weight.t(), alpha=alpha)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(x, weight, bias, alpha):
-        x2d = x.reshape(-1, x.shape[-1])
-        if bias is None:
-            out = torch.mm(x2d, weight.t()) if alpha == 1 else torch.mm(x2d, weight.t()).mul_(alpha)
-        else:
-            out = torch.addmm(bias, x2d, weight.t(), alpha=alpha)
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return _addmm(x, weight, bias, alpha)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -70,11 +76,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     same_dtype = x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)
     if recorded and same_dtype and not torch.is_autocast_enabled(x.device.type):
         return _Linear.apply(x, weight, bias, alpha)
-    if alpha == 1:
-        return F.linear(x, weight, bias)
-    x2d = x.reshape(-1, x.shape[-1])
-    out = torch.addmm(bias, x2d, weight.t(), alpha=alpha) if bias is not None else torch.mm(x2d, weight.t()) * alpha
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias) if alpha == 1 else _addmm(x, weight, bias, alpha)
 
 
 __all__ = ["linear", "bias_grad_by_gemv"]

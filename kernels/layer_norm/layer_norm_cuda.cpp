@@ -58,6 +58,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_rows_backward_cuda(Tensor const& g
   DeviceGuard guard(s.get_device_index());
   Tensor gy = torch::stable::contiguous(grad_y), sc = torch::stable::contiguous(s);
   Tensor gs = grad_sum ? torch::stable::contiguous(*grad_sum) : Tensor();
+  Tensor mc = torch::stable::contiguous(mean), rc = torch::stable::contiguous(rstd);
   KernelParams const p = kernel_params(weight, std::nullopt, dtype);
   Tensor grad_x = empty(s.sizes(), dtype, s.device());
   LayerNormBackwardArgs a{};
@@ -67,8 +68,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_rows_backward_cuda(Tensor const& g
   a.grad_y = gy.data_ptr();
   a.grad_sum = grad_sum ? gs.data_ptr() : nullptr;
   a.s = sc.data_ptr();
-  a.mean = mean.const_data_ptr<float>();
-  a.rstd = rstd.const_data_ptr<float>();
+  a.mean = mc.const_data_ptr<float>();
+  a.rstd = rc.const_data_ptr<float>();
   a.weight = weight ? p.weight.data_ptr() : nullptr;
   a.params_f32 = p.f32;
   a.grad_x = grad_x.data_ptr();
