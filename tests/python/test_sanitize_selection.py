@@ -255,7 +255,7 @@ def test_giou_forward_backward(dtype, form):
     assert torch.isfinite(loss) and torch.isfinite(p.grad).all() and torch.isfinite(t.grad).all()
 
 
-# ---- layer_norm_rows: the LayerNorm kernel (16-byte and element-wise rows, with the add) -------
+# ---- layer_norm_rows: its forward and backward kernels (16-byte and element-wise rows, the add) --
 
 @pytest.mark.parametrize("cols", [64, 57])
 def test_layer_norm_rows_forward_backward(cols):
