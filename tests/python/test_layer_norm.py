@@ -86,6 +86,12 @@ def test_cpu_opcheck():
     x, r, w, b = inputs((6, 16), torch.float32)
     for res in (None, r):
         torch.library.opcheck(torch.ops.cutlass_ops.layer_norm_rows.default, (x, res, w, b, 1e-5))
+    _, s, mean, rstd = torch.ops.cutlass_ops.layer_norm_rows(x, r, w, b, 1e-5)
+    gy = torch.randn_like(x)
+    for gs, weight, flags in ((None, w, (True, True)), (gy * 0.5, None, (False, True)), (gy, w, (False, False))):
+        torch.library.opcheck(torch.ops.cutlass_ops.layer_norm_rows_backward.default,
+                              (gy, gs, s, mean, rstd, weight, *flags),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def test_errors():
