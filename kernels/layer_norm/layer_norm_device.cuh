@@ -22,6 +22,25 @@ __device__ __forceinline__ float group_sum(float v) {
 
 constexpr int kThreads = 256;
 
+// One row's chunk of kVec elements: a 16-byte access (kVec 8) or one element.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_chunk(T (&v)[kVec], T const* p) {
+  if constexpr (kVec == 8) {
+    *reinterpret_cast<uint4*>(v) = *reinterpret_cast<uint4 const*>(p);
+  } else {
+    v[0] = p[0];
+  }
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_chunk(T* p, T const (&v)[kVec]) {
+  if constexpr (kVec == 8) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(v);
+  } else {
+    p[0] = v[0];
+  }
+}
+
 // kVec elements per chunk (8: 16-byte accesses, cols % 8 == 0 and aligned; else 1), kLanes
 // lanes per row (32 / kLanes rows per warp at once), kChunks chunks per lane (a row of up to
 // kLanes * kChunks * kVec columns, held in registers between the two reductions).
@@ -51,25 +70,13 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
       if (here) {
         const long long at = row * a.cols + c;
         T xv[kVec];
-        if constexpr (kVec == 8) {
-          *reinterpret_cast<uint4*>(xv) = *reinterpret_cast<uint4 const*>(x + at);
-        } else {
-          xv[0] = x[at];
-        }
+        load_chunk<T, kVec>(xv, x + at);
         if constexpr (kResidual) {
           T rv[kVec];
-          if constexpr (kVec == 8) {
-            *reinterpret_cast<uint4*>(rv) = *reinterpret_cast<uint4 const*>(r + at);
-          } else {
-            rv[0] = r[at];
-          }
+          load_chunk<T, kVec>(rv, r + at);
 #pragma unroll
           for (int e = 0; e < kVec; ++e) xv[e] = from_float<T>(to_float(xv[e]) + to_float(rv[e]));
-          if constexpr (kVec == 8) {
-            *reinterpret_cast<uint4*>(s + at) = *reinterpret_cast<uint4 const*>(xv);
-          } else {
-            s[at] = xv[0];
-          }
+          store_chunk<T, kVec>(s + at, xv);
         }
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
@@ -107,12 +114,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormArgs a) {
           const float b = a.bias ? load_param<T>(a.bias, c + e, a.params_f32) : 0.0f;
           out[e] = from_float<T>((v[k][e] - mean) * rstd * w + b);
         }
-        const long long at = row * a.cols + c;
-        if constexpr (kVec == 8) {
-          *reinterpret_cast<uint4*>(y + at) = *reinterpret_cast<uint4 const*>(out);
-        } else {
-          y[at] = out[0];
-        }
+        store_chunk<T, kVec>(y + row * a.cols + c, out);
       }
     }
   }
@@ -178,25 +180,6 @@ inline long long layer_norm_ctas(long long rows, int lanes, long long cap) {
   const long long rows_per_cta = (kThreads / 32) * (32 / lanes);
   const long long need = (rows + rows_per_cta - 1) / rows_per_cta;
   return need < cap ? (need > 0 ? need : 1) : cap;
-}
-
-// One row's chunk of kVec elements: a 16-byte access (kVec 8) or one element.
-template <typename T, int kVec>
-__device__ __forceinline__ void load_chunk(T (&v)[kVec], T const* p) {
-  if constexpr (kVec == 8) {
-    *reinterpret_cast<uint4*>(v) = *reinterpret_cast<uint4 const*>(p);
-  } else {
-    v[0] = p[0];
-  }
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_chunk(T* p, T const (&v)[kVec]) {
-  if constexpr (kVec == 8) {
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(v);
-  } else {
-    p[0] = v[0];
-  }
 }
 
 // The backward of layer_norm_kernel, one pass: with xhat = (s - mean) * rstd and g = grad_y *
