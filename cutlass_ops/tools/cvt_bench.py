@@ -17,8 +17,8 @@ bf16), eval mode for inference, train mode (BatchNorm batch statistics, drop pat
 stage 3) for training.
 
 FusedCvT is not fused yet beyond two conv embeddings, its LayerNorms with the residual adds
-and QuickGELU as one SiLU (cutlass_ops/fused_cvt.py), so these numbers measure the
-foundation, not the issue's goal.
+(forward and backward) and QuickGELU as one SiLU (cutlass_ops/fused_cvt.py), so these numbers
+measure the foundation, not the issue's goal.
 """
 from __future__ import annotations
 
