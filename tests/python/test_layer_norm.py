@@ -122,20 +122,22 @@ def _guarded(n, dtype):
     return full
 
 
+def _placed(t, offset):
+    """A copy of t (flattened) starting `offset` elements into a buffer (None for None)."""
+    if t is None:
+        return None
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype)
+    buf[offset:] = t.reshape(-1)
+    return buf[offset:]
+
+
 def run_emulated(lib, x, r, w, b, eps=1e-5, seed=0, offset=0):
     """The kernel on x (rows, cols): outputs poisoned with NaN, GUARD sentinel elements after each;
     offset > 0 misaligns every pointer by that many elements (the element-wise path)."""
     rows, cols = x.shape
     n = rows * cols
 
-    def placed(t):  # a copy of t starting `offset` elements into a buffer
-        if t is None:
-            return None, None
-        buf = torch.empty(n + offset, dtype=t.dtype)
-        buf[offset:] = t.reshape(-1)
-        return buf, buf[offset:]
-    _, xp = placed(x)
-    _, rp = placed(r)
+    xp, rp = _placed(x, offset), _placed(r, offset)
     yf, sf = _guarded(n + offset, x.dtype), _guarded(n + offset, x.dtype)
     mf, rf = _guarded(rows, torch.float32), _guarded(rows, torch.float32)
     shape = (ctypes.c_int * 3)()
@@ -223,13 +225,7 @@ def run_emulated_backward(lib, gy, gs, s, mean, rstd, w, params=True, grid=2, se
     rows, cols = s.shape
     n = rows * cols
 
-    def placed(t):
-        if t is None:
-            return None
-        buf = torch.empty(n + offset, dtype=t.dtype)
-        buf[offset:] = t.reshape(-1)
-        return buf[offset:]
-    gyp, gsp, sp = placed(gy), placed(gs), placed(s)
+    gyp, gsp, sp = _placed(gy, offset), _placed(gs, offset), _placed(s, offset)
     gxf = _guarded(n + offset, s.dtype)
     warps = grid * 8
     pf = _guarded(2 * warps * cols, torch.float32) if params else None
