@@ -129,7 +129,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
                          norm_layer=partial(LayerNorm, eps=1e-5), init=(spec or CVT13_SPEC).get("INIT", "trunc_norm"),
                          spec=spec or CVT13_SPEC)
         self.in_chans = in_chans
-        self._folded: dict = {}  # eval-mode dw_bn folds: id(module) -> (key, result)
+        self._folded: dict = {}  # eval-mode dw_bn folds: slot (_cached_fold) -> (key, result)
         self._to_kernel_layouts()
         self._register_fused_mlps()
 
@@ -344,21 +344,33 @@ class FusedCvT(ConvolutionalVisionTransformer):
         if bn.training or bn.running_mean is None:
             y = bn(F.conv2d(m, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups))
         else:  # eval: BatchNorm folded into the conv's weight and a bias
-            wt, bias = folds[id(proj)] if id(proj) in folds else self._folded_dw_bn(proj)
+            wt, bias = folds[id(proj)][:2] if id(proj) in folds else self._folded_dw_bn(proj)
             y = F.conv2d(m, wt, None if bias_apart else bias, conv.stride, conv.padding, conv.dilation, conv.groups)
         return y.flatten(2).transpose(1, 2), (bias if bias_apart else None)
 
     def _eval_folds(self) -> dict:
         """The eval-mode BatchNorm folds of all dw_bn projections at once, {id(proj): (weight,
-        bias)}, the same arithmetic as _folded_dw_bn on the projections' tensors concatenated:
-        20 ops instead of 14 per projection (39 in CvT-13: 546; in the H100 run's graphed
-        forward, 573 kernels under 3.5 us took 1.0 ms of the 9.93, most of them these),
+        bias, linear_bias)}, the same arithmetic as _folded_dw_bn on the projections' tensors
+        concatenated: 20 ops instead of 14 per projection (39 in CvT-13: 546; in the H100 run's
+        graphed forward, 573 kernels under 3.5 us took 1.0 ms of the 9.93, most of them these),
         which matters where the fold cannot be cached (a CUDA graph, autograd, torch.compile).
-        Cached like each projection's fold.  {} where the projections' dtypes or eps differ (or
-        none is in eval mode): _dw_bn then folds each on its own."""
-        projs = [p for stage in self.stages() for blk in stage.blocks
-                 for p in (blk.attn.conv_proj_q, blk.attn.conv_proj_k, blk.attn.conv_proj_v)
-                 if hasattr(p, "bn") and not p.bn.training and p.bn.running_mean is not None]
+        With dw_bias_in_linear_enabled(), also each projection's Linear bias with the fold's
+        bias c moved in, linear_bias = W c + b (else None), as one batched matmul per Linear
+        shape (an addmv per projection took 39 kernels, 0.15 ms of the H200's graphed forward
+        at N=64); and for each attention whose q, k, v were folded side by side {id(attn): (their
+        weights as one (3, C, 1, 3, 3) view, their biases c as one (3, C) view)}, for
+        dw_conv3x3_tokens and for the cls row, which loses the three c's in one subtraction.
+        Cached like each projection's fold.
+        {} where the projections' dtypes or eps differ (or none is in eval mode): _dw_bn then
+        folds each on its own."""
+        linears = {}
+        for stage in self.stages():
+            for blk in stage.blocks:
+                a = blk.attn
+                for p, lin in zip((a.conv_proj_q, a.conv_proj_k, a.conv_proj_v), (a.proj_q, a.proj_k, a.proj_v)):
+                    if hasattr(p, "bn") and not p.bn.training and p.bn.running_mean is not None:
+                        linears[p] = (lin, a)
+        projs = list(linears)
         if not projs or any(p.bn.weight is None or p.bn.bias is None for p in projs):
             return {}
         tensors = tuple(t for p in projs for t in (p.conv.weight, p.bn.weight, p.bn.bias, p.bn.running_mean,
@@ -367,19 +379,50 @@ class FusedCvT(ConvolutionalVisionTransformer):
         if len(eps) != 1 or len({t.dtype for t in tensors[0::5]}) != 1 or len({t.dtype for t in tensors[1::5]}) != 1:
             return {}
         eps = eps.pop()
+        # (not needed where dw_conv3x3_tokens takes the whole bias: _project)
+        with_linear = dw_bias_in_linear_enabled() and not (dw_tokens_enabled() and not torch.is_grad_enabled())
+        if with_linear:  # the Linears' tensors after the folds' (and in the cache key)
+            tensors += tuple(t for p in projs for t in (linears[p][0].weight, linears[p][0].bias))
+        n5 = 5 * len(projs)
+        ws_shapes = [tuple(t.shape) for t in tensors[0:n5:5]]
+
+        def fold_projections(*ts):
+            ws = ts[0:n5:5]
+            acc = torch.promote_types(ws[0].dtype, torch.float32)
+            inv = torch.cat(ts[1:n5:5]).to(acc) * torch.rsqrt(torch.cat(ts[4:n5:5]).to(acc) + eps)
+            w = (torch.cat([t.reshape(t.shape[0], -1) for t in ws]).to(acc) * inv[:, None]).to(ws[0].dtype)
+            b = (torch.cat(ts[2:n5:5]).to(acc) - torch.cat(ts[3:n5:5]).to(acc) * inv).to(ws[0].dtype)
+            out, at, starts = {}, 0, []
+            for p, t in zip(projs, ws):
+                out[id(p)] = (w[at:at + t.shape[0]].reshape(t.shape), b[at:at + t.shape[0]], None)
+                starts.append(at)
+                at += t.shape[0]
+            if not with_linear:
+                return out, w, b, starts
+            groups: dict = {}  # Linears of one weight shape and dtype, with or without bias
+            for i, p in enumerate(projs):
+                lw, lb = ts[n5 + 2 * i], ts[n5 + 2 * i + 1]
+                groups.setdefault((tuple(lw.shape), lw.dtype, lb is None), []).append(i)
+            for (_, dtype, no_bias), idx in groups.items():
+                weights = torch.stack([ts[n5 + 2 * i] for i in idx])
+                c = torch.stack([out[id(projs[i])][1] for i in idx]).to(dtype)[:, :, None]
+                lb = (torch.bmm(weights, c) if no_bias
+                      else torch.baddbmm(torch.stack([ts[n5 + 2 * i + 1] for i in idx])[:, :, None], weights, c))
+                for j, i in enumerate(idx):
+                    out[id(projs[i])] = out[id(projs[i])][:2] + (lb[j, :, 0],)
+            return out, w, b, starts
 
         def fold_all(*ts):
-            ws = ts[0::5]
-            acc = torch.promote_types(ws[0].dtype, torch.float32)
-            inv = torch.cat(ts[1::5]).to(acc) * torch.rsqrt(torch.cat(ts[4::5]).to(acc) + eps)
-            w = (torch.cat([t.reshape(t.shape[0], -1) for t in ws]).to(acc) * inv[:, None]).to(ws[0].dtype)
-            b = (torch.cat(ts[2::5]).to(acc) - torch.cat(ts[3::5]).to(acc) * inv).to(ws[0].dtype)
-            out, at = {}, 0
-            for p, t in zip(projs, ws):
-                out[id(p)] = (w[at:at + t.shape[0]].reshape(t.shape), b[at:at + t.shape[0]])
-                at += t.shape[0]
+            out, w, b, starts = fold_projections(*ts)
+            for i in range(0, len(projs) - 2):  # q, k, v of one attention, folded side by side
+                attn, shape = linears[projs[i]][1], ws_shapes[i]
+                if (projs[i] is attn.conv_proj_q and projs[i + 1] is attn.conv_proj_k
+                        and projs[i + 2] is attn.conv_proj_v and ws_shapes[i + 1] == ws_shapes[i + 2] == shape):
+                    width = shape[0]
+                    out[id(attn)] = (w[starts[i]:starts[i] + 3 * width].view((3,) + shape),
+                                     b[starts[i]:starts[i] + 3 * width].view(3, width))
             return out
-        return self._cached_fold(self, tensors, fold_all, eps)
+        return self._cached_fold("dw_bn folds", tensors, fold_all, eps, with_linear)
 
     def _folded_dw_bn(self, proj: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor]:
         """The eval-mode fold of proj's BatchNorm into its depthwise conv: (weight, bias).
@@ -398,11 +441,11 @@ class FusedCvT(ConvolutionalVisionTransformer):
             inv = gamma.to(acc) * torch.rsqrt(var.to(acc) + bn.eps)
             return ((weight.to(acc) * inv.view(-1, 1, 1, 1)).to(weight.dtype),
                     (beta.to(acc) - mean.to(acc) * inv).to(weight.dtype))
-        return self._cached_fold(proj, (conv.weight, bn.weight, bn.bias, bn.running_mean, bn.running_var), fold,
+        return self._cached_fold(id(proj), (conv.weight, bn.weight, bn.bias, bn.running_mean, bn.running_var), fold,
                                  bn.eps)
 
-    def _cached_fold(self, owner: nn.Module, tensors: tuple, fold, *extra):
-        """fold(*tensors), cached per owner module when autograd is off, keyed by the tensors'
+    def _cached_fold(self, slot, tensors: tuple, fold, *extra):
+        """fold(*tensors), cached in ``slot`` (a projection's id, or a name) when autograd is off, keyed by the tensors'
         addresses, version counters and dtypes (and ``extra``); computed afresh while autograd
         records, torch.compile traces or a CUDA graph is captured (see _folded_dw_bn)."""
         lead = next(t for t in tensors if t is not None)
@@ -410,12 +453,12 @@ class FusedCvT(ConvolutionalVisionTransformer):
                          or (lead.is_cuda and torch.cuda.is_current_stream_capturing()))
         if cacheable:
             key = (tuple(None if t is None else (t.data_ptr(), t._version, t.dtype) for t in tensors), extra)
-            hit = self._folded.get(id(owner))
+            hit = self._folded.get(slot)
             if hit is not None and hit[0] == key:
                 return hit[1]
         out = fold(*tensors)
         if cacheable:
-            self._folded[id(owner)] = (key, out)
+            self._folded[slot] = (key, out)
         return out
 
     def _attention(self, attn, x: torch.Tensor, h: int, w: int, folds: dict) -> torch.Tensor:
@@ -428,14 +471,15 @@ class FusedCvT(ConvolutionalVisionTransformer):
         if attn.with_cls_token:
             cls_token, x = torch.split(x, [1, h * w], 1)
         projs = (attn.conv_proj_q, attn.conv_proj_k, attn.conv_proj_v)
-        if dw_tokens_enabled() and not torch.is_grad_enabled() and all(
-                not p.bn.training and p.bn.running_mean is not None for p in projs):
-            # one kernel a projection: the folded conv and bias, the cls token written in front
+        if dw_tokens_enabled() and not torch.is_grad_enabled() and all(_dw_tokens_can_run(p) for p in projs):
+            # one kernel for the three: the folded convs and biases, the cls token written in front
             lead = cls_token.to(x.dtype) if attn.with_cls_token else None
-            parts = []
-            for p in projs:
-                wt, bias = folds[id(p)] if id(p) in folds else self._folded_dw_bn(p)
-                parts.append((dw_conv3x3_tokens(x, h, w, wt, bias, p.conv.stride[0], lead), None))
+            if id(attn) in folds:
+                wt, bias = folds[id(attn)]
+            else:
+                wt, bias = (torch.stack(t) for t in zip(*(folds[id(p)][:2] if id(p) in folds else
+                                                          self._folded_dw_bn(p) for p in projs)))
+            parts = [(z, None) for z in dw_conv3x3_tokens(x, h, w, wt, bias, [p.conv.stride[0] for p in projs], lead)]
         else:
             m = x.reshape(n, h, w, c)
             if not m.is_contiguous():
@@ -447,19 +491,23 @@ class FusedCvT(ConvolutionalVisionTransformer):
             apart = dw_bias_in_linear_enabled()
             parts = [self._dw_bn(p, m, folds, apart) for p in projs]
             if attn.with_cls_token:  # the cls row less the bias the Linear adds back
-                parts = [(torch.cat(((cls_token if c is None else cls_token - c).to(z.dtype), _contiguous_grad(z)),
-                                    dim=1), c) for z, c in parts]
+                three_c = folds[id(attn)][1] if apart and id(attn) in folds else None  # (3, C): one subtraction
+                leads = ((cls_token - three_c.to(cls_token.dtype)).split(1, dim=1) if three_c is not None
+                         else [cls_token if c is None else cls_token - c for _, c in parts])
+                parts = [(torch.cat((lead.to(z.dtype), _contiguous_grad(z)), dim=1), c)
+                         for lead, (z, c) in zip(leads, parts)]
         heads = attn.num_heads
 
-        def split(part, lin):
+        def split(part, p, lin):
             z, c = part
             b = lin.bias
-            if c is not None:  # W (z + c) + b = W z + (W c + b)
-                b = lin.weight @ c.to(lin.weight.dtype) if b is None else torch.addmv(b, lin.weight, c.to(b.dtype))
+            if c is not None:  # W (z + c) + b = W z + (W c + b), precomputed by _eval_folds if it could
+                moved = folds[id(p)][2] if id(p) in folds else None
+                b = moved if moved is not None else _linear_bias_with(lin, c)
             z = linear(z, lin.weight, b)
             return z.reshape(n, z.shape[1], heads, z.shape[2] // heads).transpose(1, 2)
 
-        return tuple(split(part, lin) for part, lin in zip(parts, (attn.proj_q, attn.proj_k, attn.proj_v)))
+        return tuple(split(part, p, lin) for part, p, lin in zip(parts, projs, (attn.proj_q, attn.proj_k, attn.proj_v)))
 
     def _attend(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention with CvT's scale over the heads, then the output projection: (N, L, dim)."""
@@ -474,6 +522,22 @@ class FusedCvT(ConvolutionalVisionTransformer):
             o = attn.attn_drop(torch.softmax(q @ k.transpose(-2, -1) * attn.scale, dim=-1)) @ v
         o = o.transpose(1, 2).reshape(n, o.shape[2], attn.dim)
         return attn.proj_drop(linear(o, attn.proj.weight, attn.proj.bias))
+
+
+def _dw_tokens_can_run(proj: nn.Module) -> bool:
+    """Whether dw_conv3x3_tokens computes this dw_bn projection: eval-mode BatchNorm, a depthwise
+    3x3 conv with padding 1 and the same stride 1 or 2 both ways (CvT's)."""
+    conv, bn = getattr(proj, "conv", None), getattr(proj, "bn", None)
+    return (bn is not None and not bn.training and bn.running_mean is not None and conv.kernel_size == (3, 3)
+            and conv.padding == (1, 1) and conv.dilation == (1, 1) and conv.stride[0] == conv.stride[1]
+            and conv.stride[0] in (1, 2) and conv.groups == conv.in_channels == conv.out_channels
+            and conv.bias is None)
+
+
+def _linear_bias_with(lin: nn.Linear, c: torch.Tensor) -> torch.Tensor:
+    """W c + b for one Linear (where _eval_folds did not batch it)."""
+    c = c.to(lin.weight.dtype)
+    return lin.weight @ c if lin.bias is None else torch.addmv(lin.bias, lin.weight, c)
 
 
 class _ContiguousGrad(torch.autograd.Function):

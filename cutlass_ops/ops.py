@@ -422,17 +422,23 @@ def _layer_norm_rows_backward_fake(grad_y, grad_sum, s, mean, rstd, weight, weig
 
 
 def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      stride: int, lead: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A depthwise 3x3 conv (padding 1, stride 1 or 2) with a per-channel bias on the NHWC map
-    that tokens x (N, h*w, C) hold, returned as tokens (N, L + Ho*Wo, C) whose first L rows are
-    ``lead`` (N, L, C) (CvT's cls token; none: L = 0).  One CUDA kernel for fp16/bf16 (float32
-    arithmetic; weight and bias read in x's dtype or float32), ATen's conv otherwise.
-    Inference only: not differentiable (FusedCvT calls it with autograd off)."""
+                      strides: Sequence[int], lead: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+    """Depthwise 3x3 convs (padding 1, stride 1 or 2 each) with per-channel biases on the NHWC
+    map that tokens x (N, h*w, C) hold, one per entry of ``strides`` (1 to 3; CvT's q, k, v:
+    [1, 2, 2]), weight (len(strides), C, 1, 3, 3), bias (len(strides), C) or None.  Returns one
+    tokens tensor (N, L + Ho*Wo, C) per conv, whose first L rows are ``lead`` (N, L, C) (CvT's
+    cls token; none: L = 0).  x and lead may be views of one token tensor (images apart, rows
+    contiguous): read in place.  One CUDA kernel for all the convs in fp16/bf16 (the map read
+    once; float32 arithmetic; weight and bias read in x's dtype or float32), ATen's conv
+    otherwise.  Inference only: not differentiable (FusedCvT calls it with autograd off)."""
     _check_devices("dw_conv3x3_tokens", ("x", x), ("weight", weight), ("bias", bias), ("lead", lead))
-    return torch.ops.cutlass_ops.dw_conv3x3_tokens(x, int(h), int(w), weight, bias, int(stride), lead)
+    if isinstance(strides, int):
+        raise TypeError("dw_conv3x3_tokens: strides must be a list (one stride per conv), e.g. [1, 2, 2]")
+    return torch.ops.cutlass_ops.dw_conv3x3_tokens(x, int(h), int(w), weight, bias, [int(s) for s in strides], lead)
 
 
 @torch.library.register_fake("cutlass_ops::dw_conv3x3_tokens")
-def _dw_conv3x3_tokens_fake(x, h, w, weight, bias, stride, lead):
-    rows = (lead.shape[1] if lead is not None else 0) + ((h - 1) // stride + 1) * ((w - 1) // stride + 1)
-    return x.new_empty((x.shape[0], rows, x.shape[2]))
+def _dw_conv3x3_tokens_fake(x, h, w, weight, bias, strides, lead):
+    lead_rows = lead.shape[1] if lead is not None else 0
+    return [x.new_empty((x.shape[0], lead_rows + ((h - 1) // s + 1) * ((w - 1) // s + 1), x.shape[2]))
+            for s in strides]

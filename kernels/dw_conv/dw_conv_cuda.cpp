@@ -1,5 +1,5 @@
 // CUDA implementation of cutlass_ops::dw_conv3x3_tokens (kernel in dw_conv_kernel.cu): fp16 and
-// bf16; ATen's path (dw_conv_op.cpp) for other dtypes.
+// bf16, all projections in one launch; ATen's path (dw_conv_op.cpp) for other dtypes.
 #include "common/cuda_device.h"
 #include "dw_conv/dw_conv_kernel.h"
 #include "dw_conv/dw_conv_op.h"
@@ -7,41 +7,55 @@
 namespace cutlass_ops {
 namespace dw_conv {
 
-Tensor dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
-                              std::optional<Tensor> const& bias, int64_t stride, std::optional<Tensor> const& lead) {
-  auto [ho, wo] = check_inputs(x, h, w, weight, bias, stride, lead);
+namespace {
+// rows contiguous; images may be apart (views of tokens that skip or keep only the cls row)
+Tensor rows_contiguous(Tensor const& t) {
+  return t.stride(2) == 1 && (t.size(1) <= 1 || t.stride(1) == t.size(2)) ? t : torch::stable::contiguous(t);
+}
+long long image_stride(Tensor const& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1) * t.size(2); }
+}  // namespace
+
+std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
+                                           std::optional<Tensor> const& bias, IntArrayRef strides,
+                                           std::optional<Tensor> const& lead) {
+  auto const sizes = check_inputs(x, h, w, weight, bias, strides, lead);
   ScalarType const dtype = x.scalar_type();
-  if (dtype != kHalf && dtype != kBFloat16) return dw_conv3x3_tokens_aten(x, h, w, weight, bias, stride, lead);
+  if (dtype != kHalf && dtype != kBFloat16) return dw_conv3x3_tokens_aten(x, h, w, weight, bias, strides, lead);
   DeviceGuard guard(x.get_device_index());
   int64_t const n = x.size(0), c = x.size(2), l0 = lead ? lead->size(1) : 0;
   CUTLASS_OPS_CHECK_VALUE(c <= INT32_MAX && h * w <= INT32_MAX && l0 <= INT32_MAX,
                           "dw_conv3x3_tokens: sizes past int32");
-  // rows contiguous; images may be apart (a view of tokens that skips the cls row) or not
-  Tensor xc = x.stride(2) == 1 && x.stride(1) == c ? x : torch::stable::contiguous(x);
-  Tensor lc = lead ? torch::stable::contiguous(*lead) : Tensor();
-  KernelParams const p = kernel_params(weight, bias, dtype);
-  Tensor y = empty({n, l0 + ho * wo, c}, dtype, x.device());
+  Tensor xc = rows_contiguous(x);
+  Tensor lc = lead ? rows_contiguous(*lead) : Tensor();
+  KernelParams const p = kernel_params(weight, bias, dtype);  // contiguous; a 16-bit model's own as they are
   DwConvArgs a{};
   a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
   a.n = n;
   a.h = static_cast<int>(h);
   a.w = static_cast<int>(w);
   a.c = static_cast<int>(c);
-  a.stride = static_cast<int>(stride);
-  a.ho = static_cast<int>(ho);
-  a.wo = static_cast<int>(wo);
+  a.projections = static_cast<int>(sizes.size());
   a.lead = static_cast<int>(l0);
   a.x = xc.data_ptr();
-  a.x_image_stride = n > 1 ? xc.stride(0) : h * w * c;
+  a.x_image_stride = image_stride(xc);
   a.weight = p.weight.data_ptr();
   a.bias = bias ? p.bias.data_ptr() : nullptr;
   a.params_f32 = p.f32;
   a.lead_tokens = l0 > 0 ? lc.data_ptr() : nullptr;
-  a.y = y.data_ptr();
+  a.lead_image_stride = l0 > 0 ? image_stride(lc) : 0;
+  std::vector<Tensor> out;
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    auto const [ho, wo] = sizes[j];
+    out.push_back(empty({n, l0 + ho * wo, c}, dtype, x.device()));
+    a.stride[j] = static_cast<int>(strides[j]);
+    a.ho[j] = static_cast<int>(ho);
+    a.wo[j] = static_cast<int>(wo);
+    a.y[j] = out.back().data_ptr();
+  }
   int dev = x.get_device_index();
   cudaError_t err = launch_dw_conv(a, multiprocessor_count(dev), current_cuda_stream(dev));
   CUTLASS_OPS_CHECK(err == cudaSuccess, "dw_conv3x3_tokens: kernel launch failed: ", cudaGetErrorString(err));
-  return y;
+  return out;
 }
 
 }  // namespace dw_conv

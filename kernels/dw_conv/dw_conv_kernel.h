@@ -1,10 +1,14 @@
-// Depthwise 3x3 conv (padding 1, stride 1 or 2) with a per-channel bias on an NHWC map held as
-// tokens (N, H*W, C), writing tokens (N, lead + Ho*Wo, C): the first `lead` rows of each image
-// copied from `lead_tokens` (CvT's cls token), the conv's rows after them.  CvT's dw_bn q/k/v
-// projections in eval mode (BatchNorm folded into weight and bias) then need no bias add and
-// no concatenation after cuDNN's depthwise conv.  Float32 arithmetic, fp16/bf16 in and out.
-// No torch here: the device code is dw_conv_device.cuh (also run on the CPU emulator,
-// tests/cuda_emulator), the torch side dw_conv_cuda.cpp.
+// Depthwise 3x3 convs (padding 1, stride 1 or 2 each) with per-channel biases on one NHWC map
+// held as tokens (N, H*W, C), up to three of them from one read of the map, each writing tokens
+// (N, lead + Ho*Wo, C): the first `lead` rows of each image copied from `lead_tokens` (CvT's
+// cls token), the conv's rows after them.  CvT's dw_bn q/k/v projections in eval mode
+// (BatchNorm folded into weight and bias; q at stride 1, k and v at stride 2) then need one
+// kernel, where cuDNN's depthwise conv took one each, with a bias add and a concatenation after
+// it.  A stride-2 output pixel (oy, ox) sums the same 3x3 window as the stride-1 output
+// (2 oy, 2 ox), so one thread per input pixel computes every projection's output centred there.
+// Float32 arithmetic, fp16/bf16 in and out.  No torch here: the device code is
+// dw_conv_device.cuh (also run on the CPU emulator, tests/cuda_emulator), the torch side
+// dw_conv_cuda.cpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,21 +18,25 @@ namespace dw_conv {
 
 enum class DType { kF16, kBF16 };
 
+constexpr int kMaxProjections = 3;
+
 struct DwConvArgs {
   DType dtype;
   long long n;            // images
   int h, w, c;            // input map
-  int stride;             // 1 or 2
-  int ho, wo;             // output map: (h - 1) / stride + 1, (w - 1) / stride + 1
+  int projections;        // 1 .. kMaxProjections convs on the same map
+  int stride[kMaxProjections];  // 1 or 2
+  int ho[kMaxProjections], wo[kMaxProjections];  // output maps: (h - 1) / stride + 1, ...
   int lead;               // rows before the conv's in each output image
   void const* x;          // (n, h*w, c), rows contiguous
   long long x_image_stride;  // elements from one image's first row to the next's (h*w*c when dense;
                              // more for a view that skips a leading row: CvT's tokens less the cls)
-  void const* weight;     // (c, 1, 3, 3)
-  void const* bias;       // (c), or null
+  void const* weight;     // (projections, c, 1, 3, 3), contiguous
+  void const* bias;       // (projections, c), contiguous, or null
   bool params_f32;        // weight and bias are float32 (else x's dtype)
-  void const* lead_tokens;  // (n, lead, c), or null when lead == 0
-  void* y;                // (n, lead + ho*wo, c)
+  void const* lead_tokens;     // (n, lead, c), rows contiguous, or null when lead == 0
+  long long lead_image_stride;  // elements from one image's lead rows to the next's
+  void* y[kMaxProjections];     // (n, lead + ho*wo, c) each
 };
 
 // Returns the launch's cudaError.

@@ -5,11 +5,12 @@
 
 using namespace cutlass_ops::dw_conv;
 
-// Returns 0, 1 on a deadlock; vec_out: the vector width used.  grid 0: the launcher's own count
-// for a GPU of 2 SMs (so that threads loop over several rows).
-extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int stride, int lead, const void* x,
-                           long long x_image_stride,
-                           const void* weight, const void* bias, int params_f32, const void* lead_tokens, void* y,
+// Returns 0, 1 on a deadlock; vec_out: the vector width used.  strides and y: `projections`
+// entries each.  grid 0: the launcher's own count for a GPU of 2 SMs (so that threads loop
+// over several rows).
+extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int projections, const int* strides, int lead,
+                           const void* x, long long x_image_stride, const void* weight, const void* bias,
+                           int params_f32, const void* lead_tokens, long long lead_image_stride, void* const* y,
                            unsigned grid, unsigned seed, int* vec_out) {
   DwConvArgs a{};
   a.dtype = bf16 ? DType::kBF16 : DType::kF16;
@@ -17,9 +18,13 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int strid
   a.h = h;
   a.w = w;
   a.c = c;
-  a.stride = stride;
-  a.ho = (h - 1) / stride + 1;
-  a.wo = (w - 1) / stride + 1;
+  a.projections = projections;
+  for (int j = 0; j < projections; ++j) {
+    a.stride[j] = strides[j];
+    a.ho[j] = (h - 1) / strides[j] + 1;
+    a.wo[j] = (w - 1) / strides[j] + 1;
+    a.y[j] = y[j];
+  }
   a.lead = lead;
   a.x = x;
   a.x_image_stride = x_image_stride;
@@ -27,7 +32,7 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int strid
   a.bias = bias;
   a.params_f32 = params_f32 != 0;
   a.lead_tokens = lead_tokens;
-  a.y = y;
+  a.lead_image_stride = lead_image_stride;
   const int vec = dw_conv_vec(a);
   *vec_out = vec;
   if (grid == 0) grid = static_cast<unsigned>(dw_conv_ctas(a, vec, 2 * 32));

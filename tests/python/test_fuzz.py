@@ -630,41 +630,47 @@ def run_layer_norm_rows(c, device):
 
 def draw_dw_conv3x3_tokens(rng):
     return dict(n=_batch(rng), h=rng.randint(1, 20), w=rng.randint(1, 20), c=_dims(rng, hi=96),
-                stride=rng.choice([1, 2]), lead=rng.choice([0, 0, 1, 2]), bias=rng.random() < 0.85,
-                x_layout=rng.choice(["nchw", "offset", "skip"]), dtype=str(_dtype(rng))[6:],
-                params=rng.choice(["x", "float32"]), special=_special(rng), seed=rng.randrange(2**31))
+                strides=rng.choice([[1], [2], [1, 2, 2], [2, 1], [1, 1, 2]]), lead=rng.choice([0, 0, 1, 2]),
+                bias=rng.random() < 0.85, x_layout=rng.choice(["nchw", "offset", "skip"]),
+                dtype=str(_dtype(rng))[6:], params=rng.choice(["x", "float32"]), special=_special(rng),
+                seed=rng.randrange(2**31))
 
 
 def run_dw_conv3x3_tokens(c, device):
-    """The depthwise conv on the token map (bias, lead rows in front) against float64 and
-    PyTorch's own conv in the dtype; the lead rows exact.  x contiguous, 1-7 elements into its
-    storage, or a view that skips a row before each image's (CvT's tokens less the cls)."""
+    """The depthwise convs on the token map (biases, lead rows in front) against float64 and
+    PyTorch's own conv in the dtype, each; the lead rows exact.  x contiguous, 1-7 elements into
+    its storage, or a view that skips a row before each image's (CvT's tokens less the cls)."""
     dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
-    n, h, w, ch, s, lead = c["n"], c["h"], c["w"], c["c"], c["stride"], c["lead"]
+    n, h, w, ch, strides, lead = c["n"], c["h"], c["w"], c["c"], c["strides"], c["lead"]
     if c["x_layout"] == "skip":
         full = make((n, 1 + h * w, ch), dtype, device, "nchw", g, special=c["special"])
         x = full[:, 1:]
     else:
         x = make((n, h * w, ch), dtype, device, c["x_layout"], g, special=c["special"])
     pdt = dtype if c["params"] == "x" else torch.float32
-    wt = (torch.randn(ch, 1, 3, 3, generator=g) / 3).to(device, pdt)
-    b = torch.randn(ch, generator=g).to(device, pdt) if c["bias"] else None
+    wt = (torch.randn(len(strides), ch, 1, 3, 3, generator=g) / 3).to(device, pdt)
+    b = torch.randn(len(strides), ch, generator=g).to(device, pdt) if c["bias"] else None
     ld = make((n, lead, ch), dtype, device, "nchw", g) if lead else None
-    y = ops.dw_conv3x3_tokens(x, h, w, wt, b, s, ld)
-
-    def conv(xx, ww, bb):
-        m = xx.reshape(n, h, w, ch).permute(0, 3, 1, 2)
-        return F.conv2d(m, ww, bb, s, 1, 1, ch).flatten(2).transpose(1, 2)
-    ref = conv(d64(x), d64(wt), d64(b))
-    own = _own(conv, dtype, "cpu", x.cpu(), wt.cpu(), None if b is None else b.cpu())
-    if ld is not None:
-        if not torch.equal(y[:, :lead].cpu(), ld.cpu()):
-            return "lead rows: not copied exactly"
-        y = y[:, lead:]
-    fail = compare("y", y, ref, own, dtype)
-    if not fail and (y.dtype != dtype or y.device != x.device):
-        fail = f"y: {y.dtype} on {y.device}"
-    return fail
+    ys = ops.dw_conv3x3_tokens(x, h, w, wt, b, strides, ld)
+    if len(ys) != len(strides):
+        return f"{len(ys)} outputs for {len(strides)} strides"
+    for j, (y, s) in enumerate(zip(ys, strides)):
+        def conv(xx, ww, bb):
+            m = xx.reshape(n, h, w, ch).permute(0, 3, 1, 2)
+            return F.conv2d(m, ww, bb, s, 1, 1, ch).flatten(2).transpose(1, 2)
+        bj = None if b is None else b[j]
+        ref = conv(d64(x), d64(wt[j]), d64(bj))
+        own = _own(conv, dtype, "cpu", x.cpu(), wt[j].cpu(), None if bj is None else bj.cpu())
+        if ld is not None:
+            if not torch.equal(y[:, :lead].cpu(), ld.cpu()):
+                return f"y{j} lead rows: not copied exactly"
+            y = y[:, lead:]
+        fail = compare(f"y{j}", y, ref, own, dtype)
+        if not fail and (y.dtype != dtype or y.device != x.device):
+            fail = f"y{j}: {y.dtype} on {y.device}"
+        if fail:
+            return fail
+    return None
 
 
 def make_like(vals, dtype, device, layout, g):

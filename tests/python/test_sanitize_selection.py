@@ -273,17 +273,18 @@ def test_layer_norm_rows_forward_backward(cols):
 
 # ---- dw_conv3x3_tokens: the depthwise conv kernel (16-byte and element-wise, a lead row, images apart) --
 
-@pytest.mark.parametrize("c, stride", [(64, 2), (5, 1)])
-def test_dw_conv3x3_tokens(c, stride):
+@pytest.mark.parametrize("c, strides", [(64, [1, 2, 2]), (5, [2, 1])])
+def test_dw_conv3x3_tokens(c, strides):
     torch.manual_seed(c)
     full = _r(3, 1 + 7 * 5, c)
-    x, lead = full[:, 1:], full[:, :1].contiguous()
-    w = _r(c, 1, 3, 3, seed=1)
-    b = _r(c, seed=2)
-    y = cutlass_ops.ops.dw_conv3x3_tokens(x, 7, 5, w, b, stride, lead)
+    x, lead = full[:, 1:], full[:, :1]
+    w = _r(len(strides), c, 1, 3, 3, seed=1)
+    b = _r(len(strides), c, seed=2)
+    ys = cutlass_ops.ops.dw_conv3x3_tokens(x, 7, 5, w, b, strides, lead)
     m = x.float().reshape(3, 7, 5, c).permute(0, 3, 1, 2)
-    want = torch.nn.functional.conv2d(m, w.float(), b.float(), stride, 1, 1, c).flatten(2).transpose(1, 2)
-    assert errors(y[:, 1:], want)[0] < 1e-2 and torch.equal(y[:, :1], lead)
+    for j, (y, s) in enumerate(zip(ys, strides)):
+        want = torch.nn.functional.conv2d(m, w[j].float(), b[j].float(), s, 1, 1, c).flatten(2).transpose(1, 2)
+        assert errors(y[:, 1:], want)[0] < 1e-2 and torch.equal(y[:, :1], lead)
 
 
 # ---- FusedMLP: the generated forward and backward kernels (odd widths: padding inside) -------------
