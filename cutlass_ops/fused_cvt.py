@@ -102,13 +102,14 @@ def dw_bias_in_linear_enabled() -> bool:
 
 
 def dw_tokens_enabled() -> bool:
-    """CUTLASS_OPS_CVT_DW_TOKENS=1 (eval mode, autograd off): each dw_bn projection as one
-    ``dw_conv3x3_tokens`` kernel (kernels/dw_conv): the folded depthwise conv with its bias, the
-    cls token (stage 3) written in front of its rows, where the default runs cuDNN's depthwise
-    conv, a bias add and a concatenation (the H200 profile at N=64: 0.38 + 0.28 + 0.42 ms of the
-    4.65 ms forward).  Opt-in until timed on a GPU (checked on the CPU and the CPU emulator);
-    read per forward."""
-    return os.environ.get("CUTLASS_OPS_CVT_DW_TOKENS", "0") == "1"
+    """CUTLASS_OPS_CVT_DW_TOKENS (default on; eval mode, autograd off): each attention's three
+    dw_bn projections as one ``dw_conv3x3_tokens`` kernel (kernels/dw_conv): the folded
+    depthwise convs with their biases from one read of the token map (stage 3's read in place
+    behind the cls row), the cls token written in front of each output, where =0 runs cuDNN's
+    depthwise conv per projection, a contiguous copy of stage 3's map and three concatenations
+    behind the cls row.  H200, N=64, fp16, CUDA graph, one process: forward 3.793 -> 3.361 ms
+    (docs/results/cvt_h200_session13/); read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_DW_TOKENS", "1") != "0"
 
 
 def fused_layer_norm_enabled() -> bool:
@@ -344,33 +345,28 @@ class FusedCvT(ConvolutionalVisionTransformer):
         if bn.training or bn.running_mean is None:
             y = bn(F.conv2d(m, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups))
         else:  # eval: BatchNorm folded into the conv's weight and a bias
-            wt, bias = folds[id(proj)][:2] if id(proj) in folds else self._folded_dw_bn(proj)
+            wt, bias = folds[id(proj)] if id(proj) in folds else self._folded_dw_bn(proj)
             y = F.conv2d(m, wt, None if bias_apart else bias, conv.stride, conv.padding, conv.dilation, conv.groups)
         return y.flatten(2).transpose(1, 2), (bias if bias_apart else None)
 
     def _eval_folds(self) -> dict:
         """The eval-mode BatchNorm folds of all dw_bn projections at once, {id(proj): (weight,
-        bias, linear_bias)}, the same arithmetic as _folded_dw_bn on the projections' tensors
-        concatenated: 20 ops instead of 14 per projection (39 in CvT-13: 546; in the H100 run's
-        graphed forward, 573 kernels under 3.5 us took 1.0 ms of the 9.93, most of them these),
-        which matters where the fold cannot be cached (a CUDA graph, autograd, torch.compile).
-        With dw_bias_in_linear_enabled(), also each projection's Linear bias with the fold's
-        bias c moved in, linear_bias = W c + b (else None), as one batched matmul per Linear
-        shape (an addmv per projection took 39 kernels, 0.15 ms of the H200's graphed forward
-        at N=64); and for each attention whose q, k, v were folded side by side {id(attn): (their
-        weights as one (3, C, 1, 3, 3) view, their biases c as one (3, C) view)}, for
-        dw_conv3x3_tokens and for the cls row, which loses the three c's in one subtraction.
-        Cached like each projection's fold.
-        {} where the projections' dtypes or eps differ (or none is in eval mode): _dw_bn then
-        folds each on its own."""
-        linears = {}
+        bias)}, the same arithmetic as _folded_dw_bn on the projections' tensors concatenated:
+        20 ops instead of 14 per projection (39 in CvT-13: 546; in the H100 run's graphed
+        forward, 573 kernels under 3.5 us took 1.0 ms of the 9.93, most of them these), which
+        matters where the fold cannot be cached (a CUDA graph, autograd, torch.compile).  Also,
+        for each attention whose q, k, v were folded side by side, {id(attn): (their weights as
+        one (3, C, 1, 3, 3) view, their biases as one (3, C) view)}: dw_conv3x3_tokens's
+        arguments, and the three biases the cls row loses in one subtraction.  Cached like each
+        projection's fold.  {} where the projections' dtypes or eps differ (or none is in eval
+        mode): _dw_bn then folds each on its own."""
+        projs, attns = [], {}
         for stage in self.stages():
             for blk in stage.blocks:
-                a = blk.attn
-                for p, lin in zip((a.conv_proj_q, a.conv_proj_k, a.conv_proj_v), (a.proj_q, a.proj_k, a.proj_v)):
+                for p in (blk.attn.conv_proj_q, blk.attn.conv_proj_k, blk.attn.conv_proj_v):
                     if hasattr(p, "bn") and not p.bn.training and p.bn.running_mean is not None:
-                        linears[p] = (lin, a)
-        projs = list(linears)
+                        projs.append(p)
+                        attns[p] = blk.attn
         if not projs or any(p.bn.weight is None or p.bn.bias is None for p in projs):
             return {}
         tensors = tuple(t for p in projs for t in (p.conv.weight, p.bn.weight, p.bn.bias, p.bn.running_mean,
@@ -379,50 +375,24 @@ class FusedCvT(ConvolutionalVisionTransformer):
         if len(eps) != 1 or len({t.dtype for t in tensors[0::5]}) != 1 or len({t.dtype for t in tensors[1::5]}) != 1:
             return {}
         eps = eps.pop()
-        # (not needed where dw_conv3x3_tokens takes the whole bias: _project)
-        with_linear = dw_bias_in_linear_enabled() and not (dw_tokens_enabled() and not torch.is_grad_enabled())
-        if with_linear:  # the Linears' tensors after the folds' (and in the cache key)
-            tensors += tuple(t for p in projs for t in (linears[p][0].weight, linears[p][0].bias))
-        n5 = 5 * len(projs)
-        ws_shapes = [tuple(t.shape) for t in tensors[0:n5:5]]
-
-        def fold_projections(*ts):
-            ws = ts[0:n5:5]
-            acc = torch.promote_types(ws[0].dtype, torch.float32)
-            inv = torch.cat(ts[1:n5:5]).to(acc) * torch.rsqrt(torch.cat(ts[4:n5:5]).to(acc) + eps)
-            w = (torch.cat([t.reshape(t.shape[0], -1) for t in ws]).to(acc) * inv[:, None]).to(ws[0].dtype)
-            b = (torch.cat(ts[2:n5:5]).to(acc) - torch.cat(ts[3:n5:5]).to(acc) * inv).to(ws[0].dtype)
-            out, at, starts = {}, 0, []
-            for p, t in zip(projs, ws):
-                out[id(p)] = (w[at:at + t.shape[0]].reshape(t.shape), b[at:at + t.shape[0]], None)
-                starts.append(at)
-                at += t.shape[0]
-            if not with_linear:
-                return out, w, b, starts
-            groups: dict = {}  # Linears of one weight shape and dtype, with or without bias
-            for i, p in enumerate(projs):
-                lw, lb = ts[n5 + 2 * i], ts[n5 + 2 * i + 1]
-                groups.setdefault((tuple(lw.shape), lw.dtype, lb is None), []).append(i)
-            for (_, dtype, no_bias), idx in groups.items():
-                weights = torch.stack([ts[n5 + 2 * i] for i in idx])
-                c = torch.stack([out[id(projs[i])][1] for i in idx]).to(dtype)[:, :, None]
-                lb = (torch.bmm(weights, c) if no_bias
-                      else torch.baddbmm(torch.stack([ts[n5 + 2 * i + 1] for i in idx])[:, :, None], weights, c))
-                for j, i in enumerate(idx):
-                    out[id(projs[i])] = out[id(projs[i])][:2] + (lb[j, :, 0],)
-            return out, w, b, starts
 
         def fold_all(*ts):
-            out, w, b, starts = fold_projections(*ts)
-            for i in range(0, len(projs) - 2):  # q, k, v of one attention, folded side by side
-                attn, shape = linears[projs[i]][1], ws_shapes[i]
-                if (projs[i] is attn.conv_proj_q and projs[i + 1] is attn.conv_proj_k
-                        and projs[i + 2] is attn.conv_proj_v and ws_shapes[i + 1] == ws_shapes[i + 2] == shape):
-                    width = shape[0]
-                    out[id(attn)] = (w[starts[i]:starts[i] + 3 * width].view((3,) + shape),
-                                     b[starts[i]:starts[i] + 3 * width].view(3, width))
+            ws = ts[0::5]
+            acc = torch.promote_types(ws[0].dtype, torch.float32)
+            inv = torch.cat(ts[1::5]).to(acc) * torch.rsqrt(torch.cat(ts[4::5]).to(acc) + eps)
+            w = (torch.cat([t.reshape(t.shape[0], -1) for t in ws]).to(acc) * inv[:, None]).to(ws[0].dtype)
+            b = (torch.cat(ts[2::5]).to(acc) - torch.cat(ts[3::5]).to(acc) * inv).to(ws[0].dtype)
+            out, at = {}, 0
+            for i, (p, t) in enumerate(zip(projs, ws)):
+                width = t.shape[0]
+                out[id(p)] = (w[at:at + width].reshape(t.shape), b[at:at + width])
+                attn = attns[p]
+                if (p is attn.conv_proj_q and i + 2 < len(projs) and projs[i + 1] is attn.conv_proj_k
+                        and projs[i + 2] is attn.conv_proj_v and ws[i + 1].shape == ws[i + 2].shape == t.shape):
+                    out[id(attn)] = (w[at:at + 3 * width].view((3,) + tuple(t.shape)), b[at:at + 3 * width].view(3, width))
+                at += width
             return out
-        return self._cached_fold("dw_bn folds", tensors, fold_all, eps, with_linear)
+        return self._cached_fold("dw_bn folds", tensors, fold_all, eps)
 
     def _folded_dw_bn(self, proj: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor]:
         """The eval-mode fold of proj's BatchNorm into its depthwise conv: (weight, bias).
@@ -477,8 +447,8 @@ class FusedCvT(ConvolutionalVisionTransformer):
             if id(attn) in folds:
                 wt, bias = folds[id(attn)]
             else:
-                wt, bias = (torch.stack(t) for t in zip(*(folds[id(p)][:2] if id(p) in folds else
-                                                          self._folded_dw_bn(p) for p in projs)))
+                wt, bias = (torch.stack(t) for t in zip(*(folds[id(p)] if id(p) in folds else self._folded_dw_bn(p)
+                                                          for p in projs)))
             parts = [(z, None) for z in dw_conv3x3_tokens(x, h, w, wt, bias, [p.conv.stride[0] for p in projs], lead)]
         else:
             m = x.reshape(n, h, w, c)
@@ -498,16 +468,15 @@ class FusedCvT(ConvolutionalVisionTransformer):
                          for lead, (z, c) in zip(leads, parts)]
         heads = attn.num_heads
 
-        def split(part, p, lin):
+        def split(part, lin):
             z, c = part
             b = lin.bias
-            if c is not None:  # W (z + c) + b = W z + (W c + b), precomputed by _eval_folds if it could
-                moved = folds[id(p)][2] if id(p) in folds else None
-                b = moved if moved is not None else _linear_bias_with(lin, c)
+            if c is not None:  # W (z + c) + b = W z + (W c + b)
+                b = lin.weight @ c.to(lin.weight.dtype) if b is None else torch.addmv(b, lin.weight, c.to(b.dtype))
             z = linear(z, lin.weight, b)
             return z.reshape(n, z.shape[1], heads, z.shape[2] // heads).transpose(1, 2)
 
-        return tuple(split(part, p, lin) for part, p, lin in zip(parts, projs, (attn.proj_q, attn.proj_k, attn.proj_v)))
+        return tuple(split(part, lin) for part, lin in zip(parts, (attn.proj_q, attn.proj_k, attn.proj_v)))
 
     def _attend(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention with CvT's scale over the heads, then the output projection: (N, L, dim)."""
@@ -532,12 +501,6 @@ def _dw_tokens_can_run(proj: nn.Module) -> bool:
             and conv.padding == (1, 1) and conv.dilation == (1, 1) and conv.stride[0] == conv.stride[1]
             and conv.stride[0] in (1, 2) and conv.groups == conv.in_channels == conv.out_channels
             and conv.bias is None)
-
-
-def _linear_bias_with(lin: nn.Linear, c: torch.Tensor) -> torch.Tensor:
-    """W c + b for one Linear (where _eval_folds did not batch it)."""
-    c = c.to(lin.weight.dtype)
-    return lin.weight @ c if lin.bias is None else torch.addmv(lin.bias, lin.weight, c)
 
 
 class _ContiguousGrad(torch.autograd.Function):

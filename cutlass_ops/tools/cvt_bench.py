@@ -38,18 +38,20 @@ from .train_check import plot, train_losses
 
 # FusedCvT's switchable paths (fused_cvt.py), by the switches set while its CUDA graph is
 # captured: the default fuses the LayerNorms (layer_norm_rows), runs QuickGELU as one SiLU and
-# (eval) adds the dw_bn bias in the q/k/v Linears (all timed faster on the H200); the variants
-# turn one off ("unfused LN", "QuickGELU", "no LN/SiLU fusion", "dw bias after conv"), or turn
-# on an opt-in one: stage 1's MLP as one FusedMLP kernel ("FusedMLP"), the dw_bn projections as
-# dw_conv3x3_tokens kernels ("dw tokens", eval with autograd off); in training, the Linears'
-# bias gradients as ATen's column sums instead of GEMVs ("bias grad by sum", cutlass_ops/linear.py).
+# (eval, autograd off) each attention's three dw_bn projections as one dw_conv3x3_tokens kernel
+# (all timed faster on the H200); the variants turn one off ("unfused LN", "QuickGELU", "no
+# LN/SiLU fusion", "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias
+# in the q/k/v Linears; "dw bias after conv": the same with the bias added after the conv), or
+# turn on an opt-in one: stage 1's MLP as one FusedMLP kernel ("FusedMLP"); in training, the
+# Linears' bias gradients as ATen's column sums instead of GEMVs ("bias grad by sum",
+# cutlass_ops/linear.py).
 FUSED_CVT_VARIANTS = {
     "FusedCvT unfused LN + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0"},
     "FusedCvT QuickGELU + CUDA graph": {"CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT no LN/SiLU fusion + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT FusedMLP + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_MLP": "1"},
-    "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
-    "FusedCvT dw tokens + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "1"},
+    "FusedCvT cuDNN dw convs + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
+    "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},
 }
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",

@@ -13,84 +13,134 @@ namespace dw_conv {
 
 constexpr int kThreads = 256;
 
-// One thread per (image, row, kVec consecutive channels), grid-stride: kVec = 8 (16-byte
-// accesses) where c % 8 == 0 and every pointer is 16-byte aligned, else 1.  A lead row copies
-// lead_tokens into every output; a map row (input pixel iy, ix) loads its 3x3 window once (zero
-// padding) and writes each projection's output centred there: every pixel for stride 1, the
-// pixels with iy and ix even for stride 2 (output (iy/2, ix/2)), the window summed in float32
-// on top of the bias.
+constexpr int kStrip = 8;  // input pixels along a row per thread (even: stride-2 centres stay even; H200: 8 beat 4 and 2)
+
+// The window column at input x (3 rows around iy), zeros outside the map.
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kThreads) dw_conv_kernel(DwConvArgs a) {
-  T const* x = static_cast<T const*>(a.x);
+__device__ __forceinline__ void load_column(DwConvArgs const& a, T const* image, int iy, int x, int c0,
+                                            HalfChunk<T, kVec> (&col)[3]) {
+#pragma unroll
+  for (int ky = 0; ky < 3; ++ky) {
+    const int y = iy - 1 + ky;
+    if (y < 0 || y >= a.h || x < 0 || x >= a.w) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) col[ky].v[e] = from_float<T>(0.0f);
+    } else {
+      col[ky].load(image + (static_cast<long long>(y) * a.w + x) * a.c + c0);
+    }
+  }
+}
+
+// The 9 taps of kVec channels c0.. of projection j (w(e * 9 + t)).  kPacked (16-bit
+// parameters, kVec == 8): the chunk's 9 taps x 8 channels are 72 consecutive elements, read as
+// nine 16-byte loads and kept 16-bit (36 registers, not 72); otherwise floats, one load each.
+template <typename T, int kVec, bool kPacked>
+struct Taps {
+  float w[kVec * 9];
+  __device__ __forceinline__ Taps(DwConvArgs const& a, long long first) {
+#pragma unroll
+    for (int f = 0; f < kVec * 9; ++f) w[f] = load_param<T>(a.weight, first + f, a.params_f32);
+  }
+  __device__ __forceinline__ float operator()(int f) const { return w[f]; }
+};
+
+template <typename T>
+struct Taps<T, 8, true> {
+  HalfChunk<T, 8> w[9];
+  __device__ __forceinline__ Taps(DwConvArgs const& a, long long first) {
+#pragma unroll
+    for (int k = 0; k < 9; ++k) w[k].load(static_cast<T const*>(a.weight) + first + 8 * k);
+  }
+  __device__ __forceinline__ float operator()(int f) const { return to_float(w[f / 8].v[f % 8]); }
+};
+
+// Projection j's outputs centred on row iy, input pixels x0 .. x0 + kStrip - 1 (every one for
+// stride 1, the even ones for stride 2), one thread's kVec channels c0..: the weights read once
+// per strip, the window slid along the row (each column loaded once), float32 sums on the bias.
+template <typename T, int kVec, int kStride, bool kPacked>
+__device__ __forceinline__ void conv_strip(DwConvArgs const& a, int j, T const* image, long long img, int iy, int x0,
+                                           int c0) {
+  const Taps<T, kVec, kPacked> w(a, (static_cast<long long>(j) * a.c + c0) * 9);  // weight[j][c0][0][0]
+  float bias[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e)
+    bias[e] = a.bias ? load_param<T>(a.bias, static_cast<long long>(j) * a.c + c0 + e, a.params_f32) : 0.0f;
+  const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
+  T* out = static_cast<T*>(a.y[j]) + (img * out_rows + a.lead + static_cast<long long>(iy / kStride) * a.wo[j]) * a.c + c0;
+  HalfChunk<T, kVec> win[3][3];  // win[k]: the column at centre - 1 + k
+  load_column<T, kVec>(a, image, iy, x0 - 1, c0, win[0]);
+  load_column<T, kVec>(a, image, iy, x0, c0, win[1]);
+#pragma unroll 1  // rolled: an unrolled strip keeps every step's loads in flight (255 registers)
+  for (int x = x0; x < x0 + kStrip && x < a.w; x += kStride) {  // x: the centre
+    if (x > x0) {  // slide by kStride columns
+      if constexpr (kStride == 1) {
+#pragma unroll
+        for (int ky = 0; ky < 3; ++ky) { win[0][ky] = win[1][ky]; win[1][ky] = win[2][ky]; }
+      } else {
+#pragma unroll
+        for (int ky = 0; ky < 3; ++ky) win[0][ky] = win[2][ky];
+        load_column<T, kVec>(a, image, iy, x, c0, win[1]);
+      }
+    }
+    load_column<T, kVec>(a, image, iy, x + 1, c0, win[2]);
+    float acc[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      acc[e] = bias[e];
+#pragma unroll
+      for (int ky = 0; ky < 3; ++ky) {
+#pragma unroll
+        for (int kx = 0; kx < 3; ++kx) acc[e] += to_float(win[kx][ky].v[e]) * w(e * 9 + ky * 3 + kx);
+      }
+    }
+    store_floats<kVec>(out + static_cast<long long>(x / kStride) * a.c, acc);
+  }
+}
+
+// Threads of projection j: one per (image, output row, strip of kStrip input pixels, kVec
+// channels), so that the stride-2 projections, with a quarter of the outputs, get threads for
+// their rows only.
+__host__ __device__ inline long long dw_conv_items(DwConvArgs const& a, int vec, int j) {
+  return a.n * (a.stride[j] == 1 ? a.h : a.ho[j]) * static_cast<long long>((a.w + kStrip - 1) / kStrip) * (a.c / vec);
+}
+
+// One thread per item (dw_conv_items, projection after projection), grid-stride, the channel
+// chunk fastest (a warp's loads coalesce): kVec = 8 (16-byte accesses) where c % 8 == 0 and
+// every pointer is 16-byte aligned, else 1.  The threads of each output's first strip also copy
+// lead_tokens into its lead rows.  kPacked: dw_conv_packed().  (Two CTAs an SM for the 16-bit
+// weights; float32 weights of 8 channels take 72 registers more, which two CTAs would spill.)
+template <typename T, int kVec, bool kPacked>
+__global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwConvArgs a) {
   const int chunks = a.c / kVec;
-  const long long rows = a.lead + static_cast<long long>(a.h) * a.w;
-  const long long total = a.n * rows * chunks;
+  const int strips = (a.w + kStrip - 1) / kStrip;
+  long long total = 0;
+  for (int j = 0; j < a.projections; ++j) total += dw_conv_items(a, kVec, j);
   // (kThreads, not blockDim: the launch's block size, and the CPU emulator has no blockDim)
   for (long long i = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * kThreads) {
-    const int c0 = static_cast<int>(i % chunks) * kVec;
-    const long long r = (i / chunks) % rows, img = i / chunks / rows;
-    if (r < a.lead) {
-      HalfChunk<T, kVec> v;
-      v.load(static_cast<T const*>(a.lead_tokens) + img * a.lead_image_stride + r * a.c + c0);
-      for (int j = 0; j < a.projections; ++j) {
-        const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
+    int j = 0;
+    long long k = i;
+    while (k >= dw_conv_items(a, kVec, j)) k -= dw_conv_items(a, kVec, j++);
+    const int c0 = static_cast<int>(k % chunks) * kVec;
+    long long rest = k / chunks;
+    const int strip = static_cast<int>(rest % strips);
+    rest /= strips;
+    const int rows = a.stride[j] == 1 ? a.h : a.ho[j];
+    const int orow = static_cast<int>(rest % rows);
+    const long long img = rest / rows;
+    if (orow == 0 && strip == 0) {
+      const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
+      for (int r = 0; r < a.lead; ++r) {
+        HalfChunk<T, kVec> v;
+        v.load(static_cast<T const*>(a.lead_tokens) + img * a.lead_image_stride + static_cast<long long>(r) * a.c + c0);
         v.store(static_cast<T*>(a.y[j]) + (img * out_rows + r) * a.c + c0);
       }
-      continue;
     }
-    const int p = static_cast<int>(r - a.lead), iy = p / a.w, ix = p % a.w;
-    // The 3x3 window, zeros outside the map, kept in 16-bit (registers: every projection reads it)
-    HalfChunk<T, kVec> win[9];
-#pragma unroll
-    for (int ky = 0; ky < 3; ++ky) {
-#pragma unroll
-      for (int kx = 0; kx < 3; ++kx) {
-        const int y = iy - 1 + ky, xx = ix - 1 + kx;
-        if (y < 0 || y >= a.h || xx < 0 || xx >= a.w) {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) win[ky * 3 + kx].v[e] = from_float<T>(0.0f);
-        } else {
-          win[ky * 3 + kx].load(x + img * a.x_image_stride + (static_cast<long long>(y) * a.w + xx) * a.c + c0);
-        }
-      }
-    }
-    for (int j = 0; j < a.projections; ++j) {
-      long long q;  // output pixel of projection j centred at (iy, ix)
-      if (a.stride[j] == 1) {
-        q = p;
-      } else {
-        if ((iy | ix) & 1) continue;
-        q = static_cast<long long>(iy / 2) * a.wo[j] + ix / 2;
-      }
-      const long long taps = (static_cast<long long>(j) * a.c + c0) * 9;  // weight[j][c0][0][0]
-      float acc[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e)
-        acc[e] = a.bias ? load_param<T>(a.bias, static_cast<long long>(j) * a.c + c0 + e, a.params_f32) : 0.0f;
-      bool done = false;
-      if constexpr (kVec == 8) {
-        if (!a.params_f32) {  // the chunk's 9 taps x 8 channels: 72 consecutive elements, nine 16-byte loads
-          HalfChunk<T, 8> wt[9];
-#pragma unroll
-          for (int k = 0; k < 9; ++k) wt[k].load(static_cast<T const*>(a.weight) + taps + 8 * k);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-#pragma unroll
-            for (int t = 0; t < 9; ++t) acc[e] += to_float(win[t].v[e]) * to_float(wt[(e * 9 + t) / 8].v[(e * 9 + t) % 8]);
-          }
-          done = true;
-        }
-      }
-      if (!done) {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-#pragma unroll
-          for (int t = 0; t < 9; ++t) acc[e] += to_float(win[t].v[e]) * load_param<T>(a.weight, taps + e * 9 + t, a.params_f32);
-        }
-      }
-      const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
-      store_floats<kVec>(static_cast<T*>(a.y[j]) + (img * out_rows + a.lead + q) * a.c + c0, acc);
+    T const* image = static_cast<T const*>(a.x) + img * a.x_image_stride;
+    if (a.stride[j] == 1) {
+      conv_strip<T, kVec, 1, kPacked>(a, j, image, img, orow, strip * kStrip, c0);
+    } else {
+      conv_strip<T, kVec, 2, kPacked>(a, j, image, img, 2 * orow, strip * kStrip, c0);
     }
   }
 }
@@ -105,9 +155,14 @@ inline int dw_conv_vec(DwConvArgs const& a) {
   return ok ? 8 : 1;
 }
 
-// CTAs for the launch: one thread per (row, chunk), grid-stride beyond `cap` CTAs.
+// Whether the weights are read as 16-byte chunks and kept 16-bit (Taps): 16-bit parameters and
+// 16-byte accesses.
+inline bool dw_conv_packed(DwConvArgs const& a, int vec) { return vec == 8 && !a.params_f32; }
+
+// CTAs for the launch: one thread per item, grid-stride beyond `cap` CTAs.
 inline long long dw_conv_ctas(DwConvArgs const& a, int vec, long long cap) {
-  const long long work = a.n * (a.lead + static_cast<long long>(a.h) * a.w) * (a.c / vec);
+  long long work = 0;
+  for (int j = 0; j < a.projections; ++j) work += dw_conv_items(a, vec, j);
   const long long need = (work + kThreads - 1) / kThreads;
   return need < cap ? (need > 0 ? need : 1) : cap;
 }

@@ -9,10 +9,12 @@ template <typename T>
 static cudaError_t launch_typed(DwConvArgs const& a, int num_sms, cudaStream_t stream) {
   const int vec = dw_conv_vec(a);
   const int grid = static_cast<int>(dw_conv_ctas(a, vec, 32LL * num_sms));
-  if (vec == 8)
-    dw_conv_kernel<T, 8><<<grid, kThreads, 0, stream>>>(a);
+  if (dw_conv_packed(a, vec))
+    dw_conv_kernel<T, 8, true><<<grid, kThreads, 0, stream>>>(a);
+  else if (vec == 8)
+    dw_conv_kernel<T, 8, false><<<grid, kThreads, 0, stream>>>(a);
   else
-    dw_conv_kernel<T, 1><<<grid, kThreads, 0, stream>>>(a);
+    dw_conv_kernel<T, 1, false><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -37,11 +37,16 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int proje
   *vec_out = vec;
   if (grid == 0) grid = static_cast<unsigned>(dw_conv_ctas(a, vec, 2 * 32));
   static unsigned char no_smem[16];
+  const bool packed = dw_conv_packed(a, vec);
   auto body = [&] {
     if (bf16) {
-      if (vec == 8) dw_conv_kernel<__nv_bfloat16, 8>(a); else dw_conv_kernel<__nv_bfloat16, 1>(a);
+      if (packed) dw_conv_kernel<__nv_bfloat16, 8, true>(a);
+      else if (vec == 8) dw_conv_kernel<__nv_bfloat16, 8, false>(a);
+      else dw_conv_kernel<__nv_bfloat16, 1, false>(a);
     } else {
-      if (vec == 8) dw_conv_kernel<__half, 8>(a); else dw_conv_kernel<__half, 1>(a);
+      if (packed) dw_conv_kernel<__half, 8, true>(a);
+      else if (vec == 8) dw_conv_kernel<__half, 8, false>(a);
+      else dw_conv_kernel<__half, 1, false>(a);
     }
   };
   return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
