@@ -177,17 +177,32 @@ def join_side_stream(side, made_there=(), used_there=(), at_end_of_backward: boo
 
 
 def _conv_setup(ctx, inputs, output):
-    x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs
-    ctx.save_for_backward(x, w, scale, post_bias, output if relu else None)
-    ctx.stride, ctx.padding, ctx.relu = list(stride), list(padding), relu
+    x, w, bias, residual, scale, post_bias, stride, padding, relu = inputs[:9]
+    silu = len(inputs) > 9 and inputs[9]
+    # SiLU's backward needs its input, the pre-activation: recomputed from these (one conv)
+    ctx.save_for_backward(x, w, scale, post_bias, output if relu else None,
+                          *((bias, residual) if silu else (None, None)))
+    ctx.stride, ctx.padding, ctx.relu, ctx.silu = list(stride), list(padding), relu, silu
     ctx.used_once = single_use_declared()
     # needs_input_grad covers the arguments the call passed (trailing defaults are dropped).
     ctx.needs = list(ctx.needs_input_grad) + [False] * 9
     ctx.metas = [_meta(t) for t in (x, w, bias, residual, scale, post_bias)]
 
 
+def _silu_epilogue_backward(ctx, grad, x, w, scale, bias, residual, acc, want_sums):
+    """(grad_z, sum(grad), sum(grad_z)) through act = SiLU: its input v = scale * conv + bias +
+    residual recomputed (conv2d_fused without activation or post_bias), silu'(v) = s (1 + v (1 -
+    s)) with s = sigmoid(v), in float32 (float64 for float64)."""
+    from .ops import conv2d_fused
+    v = conv2d_fused(x, w, bias, residual, ctx.stride, ctx.padding, scale).to(acc)
+    s = torch.sigmoid(v)
+    grad_z = grad.to(acc) * (s * (1 + v * (1 - s)))
+    total = grad.sum(dtype=acc) if want_sums else None
+    return grad_z, total, (grad_z.sum() if want_sums else None)
+
+
 def _conv_backward(ctx, grad):
-    x, w, scale, post_bias, out = ctx.saved_tensors
+    x, w, scale, post_bias, out, bias, residual = ctx.saved_tensors
     x_meta, w_meta, bias_meta, residual_meta, scale_meta, post_meta = ctx.metas
     needs = ctx.needs
     acc = _accumulate_dtype(x)
@@ -197,7 +212,7 @@ def _conv_backward(ctx, grad):
     # Under graph capture wgrad, and the bias sums when there is no ReLU to mask first, go
     # on a side stream beside dgrad (use_side_stream), joined before returning.
     beside = needs[0] and want_w and use_side_stream(grad)
-    sums_on_side = beside and not ctx.relu  # no mask to apply first: they can wait
+    sums_on_side = beside and not ctx.relu and not ctx.silu  # no mask to apply first: they can wait
 
     def sums_and_bias(g, sum_grad, sum_g):
         grad_post = _grad_as(sum_grad, post_meta) if needs[5] else None
@@ -207,7 +222,10 @@ def _conv_backward(ctx, grad):
         return grad_post, grad_bias
 
     g = grad
-    if not sums_on_side:
+    if ctx.silu:
+        g, sum_grad, sum_g = _silu_epilogue_backward(ctx, grad, x, w, scale, bias, residual, acc, want_sums)
+        grad_post, grad_bias = sums_and_bias(g, sum_grad, sum_g)
+    elif not sums_on_side:
         g, sum_grad, sum_g = _epilogue_backward(grad, out if ctx.relu else None, post_bias, acc, want_sums)
         grad_post, grad_bias = sums_and_bias(g, sum_grad, sum_g)
     grad_residual = _grad_as(g, residual_meta) if needs[3] else None
@@ -232,7 +250,7 @@ def _conv_backward(ctx, grad):
         stored_as_is(scale if needs[4] else None, ctx.used_once)
     join_side_stream(side, (grad_w, grad_scale, grad_post, grad_bias), (g, x), at_end_of_backward=defer)
     return (_grad_as(grad_x, x_meta), _grad_as(grad_w, w_meta), grad_bias, grad_residual,
-            grad_scale, grad_post, None, None, None)
+            grad_scale, grad_post, None, None, None, None)
 
 
 torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, setup_context=_conv_setup)

@@ -112,6 +112,39 @@ def dw_tokens_enabled() -> bool:
     return os.environ.get("CUTLASS_OPS_CVT_DW_TOKENS", "1") != "0"
 
 
+def silu_epilogue_enabled() -> bool:
+    """CUTLASS_OPS_CVT_SILU_EPILOGUE=1 (autograd off, CUDA, fp16/bf16): each MLP's fc1 and its
+    SiLU (QuickGELU, silu_mlp_enabled) as one conv2d_fused kernel with the SiLU in its epilogue
+    (FusedCvT._fc1_silu_epilogue) instead of cuBLAS's GEMM and a SiLU pass over the widest
+    activation.  Opt-in: this build's CUTLASS kernels are slower than cuBLAS on these GEMMs.
+    H200, N=64, fp16, CUDA graph, one process: forward 4.320 ms with it, 3.317 without (kernels
+    by the occupancy heuristic); the profiler's best kernel per GEMM (graphed, with the
+    epilogue) against cuBLAS's GEMM + SiLU: stage 1 83 us against 55 + 55, stage 2 85 against
+    41 + 44, stage 3 60 against 32 + 23 (docs/results/cvt_h200_session13/).  Read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_SILU_EPILOGUE", "0") == "1"
+
+
+def silu_epilogue_can_run(mlp, h: torch.Tensor) -> bool:
+    """Whether FusedCvT._fc1_silu_epilogue takes this MLP's fc1: switched on, autograd off (its
+    backward would recompute the GEMM), tokens (N, L, C) of 16 bits on CUDA in the weights'
+    dtype, widths multiples of 8 (conv2d_fused's 16-byte kernels)."""
+    w = mlp.fc1.weight
+    return (silu_epilogue_enabled() and h.is_cuda and h.dim() == 3 and h.dtype in (torch.float16, torch.bfloat16)
+            and w.dtype == h.dtype and not torch.is_grad_enabled() and w.shape[0] % 8 == 0 and w.shape[1] % 8 == 0)
+
+
+_CONSTANTS: dict = {}
+
+
+def _constant(value: float, device: torch.device) -> torch.Tensor:
+    """A float32 scalar on `device`, made once (a fill kernel per call otherwise, 13 per
+    forward; never written, so a CUDA graph may capture it)."""
+    key = (value, device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.full((), value, dtype=torch.float32, device=device)
+    return _CONSTANTS[key]
+
+
 def fused_layer_norm_enabled() -> bool:
     """CUTLASS_OPS_CVT_FUSED_LN (default on): the blocks' LayerNorms run as ``layer_norm_rows``
     (one kernel for the residual add before each and the LayerNorm), instead of ATen's add, casts and
@@ -325,6 +358,29 @@ class FusedCvT(ConvolutionalVisionTransformer):
 
     @staticmethod
     def _silu_mlp(mlp, h: torch.Tensor) -> torch.Tensor:
+        if silu_epilogue_can_run(mlp, h):
+            y = FusedCvT._fc1_silu_epilogue(mlp.fc1, h)
+            return mlp.drop(linear(mlp.drop(y), mlp.fc2.weight, mlp.fc2.bias, alpha=1 / QUICK_GELU_SCALE))
+        return FusedCvT._silu_mlp_aten(mlp, h)
+
+    @staticmethod
+    def _fc1_silu_epilogue(fc1: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+        """silu(1.702 (h W1^T + b1)) as one conv2d_fused kernel: fc1 a 1x1 conv over the tokens
+        viewed as a map (N, C, L, 1) in NHWC memory (no copy), 1.702 as its scale, 1.702 b1 as
+        its bias, SiLU in its epilogue (tiles: the profile rules of CvtMlpGemms,
+        cutlass_ops/tools/profiler.py)."""
+        n, length, c = h.shape
+        tokens_map = h.reshape(n, length, 1, c).permute(0, 3, 1, 2)
+        weight = fc1.weight.view(fc1.out_features, c, 1, 1)
+        bias = fc1.bias.float() * QUICK_GELU_SCALE if fc1.bias is not None else None
+        # (a cached device scalar, but a fresh one while torch.compile traces: a traced tensor
+        # must not outlive the trace)
+        scale = QUICK_GELU_SCALE if torch.compiler.is_compiling() else _constant(QUICK_GELU_SCALE, h.device)
+        y = conv2d_fused(tokens_map, weight, bias, scale=scale, silu=True)
+        return y.permute(0, 2, 3, 1).reshape(n, length, fc1.out_features)
+
+    @staticmethod
+    def _silu_mlp_aten(mlp, h: torch.Tensor) -> torch.Tensor:
         """fc2(QuickGELU(fc1(h))) with one SiLU: z σ(1.702 z) = silu(1.702 z) / 1.702, the two
         scales as the GEMMs' alpha (cuBLAS applies alpha in float32 before rounding, and keeps
         its bias epilogue, which needs beta = 1), so only fc1's bias is scaled by a tensor op:

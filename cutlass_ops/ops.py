@@ -45,6 +45,7 @@ def conv2d_fused(
     scale: Scalar = None,
     post_bias: Scalar = None,
     relu: bool = False,
+    silu: bool = False,
 ) -> torch.Tensor:
     """``act(scale * conv2d(input, weight) + bias + residual) + post_bias`` in one kernel.
 
@@ -56,6 +57,8 @@ def conv2d_fused(
     scale     scalar multiplying the conv result (FixUp scale); default 1.
     post_bias scalar added after the activation (FixUp bias); default 0.
     relu      apply ReLU (else identity).
+    silu      apply SiLU, v * sigmoid(v) (not with relu).  Its backward recomputes the
+              pre-activation (one more conv): FusedCvT uses it with autograd off.
 
     Returns (N, K, P, Q) in channels_last memory format.  Any stride, padding and kernel
     size; channel counts that are not multiples of 8 run lower-alignment kernels, and
@@ -65,7 +68,7 @@ def conv2d_fused(
     bias_t = _as_tensor(bias, input)
     return torch.ops.cutlass_ops.conv2d_fused(
         input, weight, bias_t, residual, _as_tensor(scale, input), _as_tensor(post_bias, input),
-        _pair(stride, "stride"), _pair(padding, "padding"), bool(relu))
+        _pair(stride, "stride"), _pair(padding, "padding"), bool(relu), bool(silu))
 
 
 def conv2d_fused_last_kernel() -> str:
@@ -92,7 +95,8 @@ def conv2d_fused_kernel_family(name: str) -> int:
 
 @torch.library.register_fake("cutlass_ops::conv2d_fused")
 def _conv2d_fused_fake(input, weight, bias=None, residual=None, scale=None, post_bias=None,
-                       stride=(1, 1), padding=(0, 0), relu=False):
+                       stride=(1, 1), padding=(0, 0), relu=False, silu=False):
+    torch._check(not (relu and silu), lambda: "conv2d_fused: relu and silu are both set; pick one activation")
     _check_devices("conv2d_fused", ("input", input), ("weight", weight), ("bias", bias), ("residual", residual),
                    ("scale", scale), ("post_bias", post_bias))
     torch._check(input.dim() == 4, lambda: "conv2d_fused: input must be 4-D")

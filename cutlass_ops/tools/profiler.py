@@ -111,6 +111,22 @@ def problems_from_model(model: torch.nn.Module, input_shape, batch_sizes) -> lis
     return _unique(seen)
 
 
+class CvtMlpGemms(torch.nn.Module):
+    """CvT-13's block MLP GEMMs (fc1 C -> 4C and fc2 4C -> C for C = 64, 192, 384) as 1x1 convs
+    over a token map (N, C, L, 1), each on an input of its own width (only the shapes matter),
+    for ``profile --model cutlass_ops.tools.profiler:CvtMlpGemms --input-shape 64,3136,1 --batch
+    4 16 64`` (GEMM M 12544, 50176, 200704: N=64's stage 3, 2 and 1).  FusedCvT runs fc1 with its
+    SiLU as conv2d_fused in inference; these rules pick its tiles."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv2d(a, b, 1) for c in (64, 192, 384) for a, b in ((c, 4 * c), (4 * c, c)))
+
+    def forward(self, x):
+        return [conv(x.new_empty(x.shape[0], conv.in_channels, *x.shape[2:])) for conv in self.convs]
+
+
 def gpu_slug(name: str) -> str:
     """'NVIDIA H200' -> 'h200', 'NVIDIA A100-SXM4-80GB' -> 'a100-sxm4-80gb'."""
     name = name.lower().replace("nvidia", "").strip()

@@ -17,6 +17,10 @@ enum class Sm90Policy {
   kFirst,     // family 90 first wherever it can run (to test and time it)
 };
 
+// The epilogue's activation.  SiLU v * sigmoid(v) (float32, as torch's): FusedCvT's
+// QuickGELU MLPs with the 1.702 as scale (cutlass_ops/fused_cvt.py).
+enum class Activation { kIdentity = 0, kRelu = 1, kSilu = 2 };
+
 // y[n,p,q,k] = act(scale * sum_{r,s,c} x[n,h,w,c] * w[k,r,s,c] + bias + residual) + post_bias
 // All tensors NHWC (the weight KRSC), densely packed.  Pointers that are null take the
 // neutral value: scale 1, bias 0, post_bias 0, no residual.
@@ -34,7 +38,7 @@ struct Conv2dFusedArgs {
   float const* bias_scalar;      // device scalar added to every element, or null
   float const* scale;            // device scalar, or null (1)
   float const* post_bias;        // device scalar, or null (0)
-  bool relu;
+  Activation act = Activation::kIdentity;
   // Set by the dispatcher: serial split-K over the GEMM K dimension (R*S*C) when the
   // output alone gives too few threadblocks.  The workspace holds its semaphores.
   int split_k_slices = 1;

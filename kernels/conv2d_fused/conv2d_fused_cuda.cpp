@@ -40,12 +40,13 @@ Sm90Policy sm90_policy_from_env() {
 Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
                          std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
                          std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding,
-                         bool relu) {
+                         bool relu, bool silu) {
+  check_activation(relu, silu);
   OutputShape out = check_inputs(input, weight, bias, residual, scale, post_bias, stride, padding);
   auto dtype = input.scalar_type();
   if (dtype != kHalf && dtype != kBFloat16) {
     // float32/float64 have no tensor-core kernels here; the composite is exact and documented.
-    return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
+    return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu, silu);
   }
   DeviceGuard guard(input.get_device_index());
   Tensor output = empty({out.N, out.K, out.P, out.Q}, dtype, input.device(), kChannelsLast);
@@ -62,14 +63,14 @@ Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optiona
     if (per == 0) {
       CUTLASS_OPS_WARN_ONCE(
           "cutlass_ops.conv2d_fused: one image over 2^31 elements; using the slower ATen composite");
-      return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
+      return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu, silu);
     }
     for (int64_t n0 = 0; n0 < out.N; n0 += per) {
       int64_t const nb = std::min(per, out.N - n0);
       std::optional<Tensor> res_part = residual ? std::optional<Tensor>(narrowed(*residual, 0, n0, nb)) : residual;
       Tensor out_part = narrowed(output, 0, n0, nb);
       torch::stable::copy_(out_part, conv2d_fused_cuda(narrowed(input, 0, n0, nb), weight, bias, res_part, scale,
-                                                       post_bias, stride, padding, relu));
+                                                       post_bias, stride, padding, relu, silu));
     }
     return output;
   }
@@ -94,7 +95,7 @@ Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optiona
   a.bias_scalar = bias_scalar.defined() ? bias_scalar.mutable_data_ptr<float>() : nullptr;
   a.scale = scale_f.defined() ? scale_f.mutable_data_ptr<float>() : nullptr;
   a.post_bias = post_bias_f.defined() ? post_bias_f.mutable_data_ptr<float>() : nullptr;
-  a.relu = relu;
+  a.act = relu ? Activation::kRelu : silu ? Activation::kSilu : Activation::kIdentity;
   // Semaphores for serial split-K: one int per output tile (the dispatcher only splits
   // when there are fewer tiles than SMs).
   Tensor workspace = empty({4096}, kInt, input.device());
@@ -116,7 +117,7 @@ Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optiona
     CUTLASS_OPS_WARN_ONCE("cutlass_ops.conv2d_fused: no generated kernel fits (", r.why_not,
                           "); using the slower ATen composite. Channel counts that are multiples "
                           "of 8 take the fastest kernels.");
-    return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu);
+    return conv2d_fused_aten(input, weight, bias, residual, scale, post_bias, stride, padding, relu, silu);
   }
   CUTLASS_OPS_CHECK(r.status == cutlass::Status::kSuccess, "conv2d_fused: kernel ", r.kernel->name,
                     " failed to launch: ", cudaGetErrorString(cudaGetLastError()),

@@ -1,4 +1,5 @@
-// Epilogue functor of the fused conv: z = act(scale * acc + bias[k] + bias_s + residual) + post_bias.
+// Epilogue functor of the fused conv: z = act(scale * acc + bias[k] + bias_s + residual) + post_bias,
+// act the identity, ReLU or SiLU per call (Params::act: conv2d_fused_args.h's Activation).
 //
 // Serial split-K: every K-partition but the last stores its raw partial sum (it reads the
 // previous partition's from D as its source); the last one applies the epilogue to the
@@ -51,21 +52,21 @@ class FusedConvEpilogue {
     ElementCompute const* scale_ptr{nullptr};
     ElementCompute const* bias_scalar_ptr{nullptr};
     ElementCompute const* post_bias_ptr{nullptr};
-    bool relu{false};
+    int act{0};  // 0 identity, 1 ReLU, 2 SiLU
     bool has_residual{false};
 
     CUTLASS_HOST_DEVICE Params() {}
     CUTLASS_HOST_DEVICE Params(ElementCompute const* scale, ElementCompute const* bias_scalar,
-                               ElementCompute const* post_bias, bool relu_, bool has_residual_)
+                               ElementCompute const* post_bias, int act_, bool has_residual_)
         : scale_ptr(scale), bias_scalar_ptr(bias_scalar), post_bias_ptr(post_bias),
-          relu(relu_), has_residual(has_residual_) {}
+          act(act_), has_residual(has_residual_) {}
   };
 
  private:
   ElementCompute scale_;
   ElementCompute bias_scalar_;
   ElementCompute post_bias_;
-  bool relu_;
+  int act_;
   bool has_residual_;
   int k_partition_ = 0;
   int k_partitions_ = 1;
@@ -76,7 +77,7 @@ class FusedConvEpilogue {
       : scale_(p.scale_ptr ? *p.scale_ptr : ElementCompute(1)),
         bias_scalar_(p.bias_scalar_ptr ? *p.bias_scalar_ptr : ElementCompute(0)),
         post_bias_(p.post_bias_ptr ? *p.post_bias_ptr : ElementCompute(0)),
-        relu_(p.relu),
+        act_(p.act),
         has_residual_(p.has_residual) {}
 
   CUTLASS_HOST_DEVICE bool is_source_needed() const { return has_residual_ || k_partition_ > 0; }
@@ -125,8 +126,9 @@ class FusedConvEpilogue {
     for (int i = 0; i < kCount; ++i) {
       ElementCompute v = scale_ * acc[i] + bias[i] + bias_scalar_;
       if (residual) v += (*residual)[i];
-      // "v < 0 ? 0 : v" keeps NaN as NaN, like torch.relu.
-      if (relu_) v = v < ElementCompute(0) ? ElementCompute(0) : v;
+      // "v < 0 ? 0 : v" keeps NaN as NaN, like torch.relu; SiLU as torch's, v / (1 + exp(-v)).
+      if (act_ == 1) v = v < ElementCompute(0) ? ElementCompute(0) : v;
+      if (act_ == 2) v = v / (ElementCompute(1) + expf(-v));
       z[i] = v + post_bias_;
     }
     frag_Z = to_output(z);

@@ -43,7 +43,7 @@ typename cutlass::conv::device::ImplicitGemmConvolution<Kernel>::Arguments make_
   cutlass::TensorRef<ElementC, LayoutC> ref_c(
       a.residual ? static_cast<ElementC*>(const_cast<void*>(a.residual)) : ref_d.data(), layout_c);
 
-  typename OutputOp::Params output_op(a.scale, a.bias_scalar, a.post_bias, a.relu,
+  typename OutputOp::Params output_op(a.scale, a.bias_scalar, a.post_bias, static_cast<int>(a.act),
                                       a.residual != nullptr);
   return typename Conv::Arguments(problem, ref_a, ref_b, ref_c, ref_d, output_op,
                                   cutlass::conv::SplitKMode::kSerial,

@@ -20,6 +20,10 @@ void check_scalar(std::optional<Tensor> const& t, char const* name, Tensor const
 
 }  // namespace
 
+void check_activation(bool relu, bool silu) {
+  CUTLASS_OPS_CHECK_VALUE(!(relu && silu), "conv2d_fused: relu and silu are both set; pick one activation");
+}
+
 OutputShape check_inputs(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
                          std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
                          std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding) {
@@ -91,8 +95,9 @@ ForcedChoice& forced_choice_slot() {
 Tensor conv2d_fused_aten(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
                          std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
                          std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding,
-                         bool relu) {
+                         bool relu, bool silu) {
   last_kernel_slot() = "aten";
+  check_activation(relu, silu);
   OutputShape out = check_inputs(input, weight, bias, residual, scale, post_bias, stride, padding);
   auto compute = input.scalar_type() == kDouble ? kDouble : kFloat;
   // One memory format whatever the caller's (the CUDA path converts NCHW too): ATen picks
@@ -109,6 +114,7 @@ Tensor conv2d_fused_aten(Tensor const& input, Tensor const& weight, std::optiona
   }
   if (residual) y = y + to_dtype(*residual, compute);
   if (relu) y = cutlass_ops::relu(y);
+  if (silu) y = aten_call("aten::silu", "", y);
   if (post_bias) y = y + torch::stable::reshape(to_dtype(*post_bias, compute), {});
   Tensor result = empty({out.N, out.K, out.P, out.Q}, input.scalar_type(), input.device(), kChannelsLast);
   torch::stable::copy_(result, y);
@@ -128,7 +134,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def(
       "conv2d_fused(Tensor input, Tensor weight, Tensor? bias=None, Tensor? residual=None, "
       "Tensor? scale=None, Tensor? post_bias=None, int[2] stride=[1, 1], int[2] padding=[0, 0], "
-      "bool relu=False) -> Tensor");
+      "bool relu=False, bool silu=False) -> Tensor");
   // The kernel the last conv2d_fused call on this thread ran: a generated kernel's name,
   // or "aten" for the ATen path (CPU, and the CUDA fallback).  For tests and for users
   // checking that their shapes hit a fast path.

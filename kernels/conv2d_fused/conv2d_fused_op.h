@@ -14,6 +14,9 @@ struct OutputShape {
 
 // Checks everything that does not depend on the device and returns the output shape.
 // Errors are CUTLASS_OPS_CHECKs (RuntimeError/ValueError in Python) that name the argument.
+// relu and silu are not both set.
+void check_activation(bool relu, bool silu);
+
 OutputShape check_inputs(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
                          std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
                          std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding);
@@ -23,7 +26,7 @@ OutputShape check_inputs(Tensor const& input, Tensor const& weight, std::optiona
 Tensor conv2d_fused_aten(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
                          std::optional<Tensor> const& residual, std::optional<Tensor> const& scale,
                          std::optional<Tensor> const& post_bias, IntArrayRef stride, IntArrayRef padding,
-                         bool relu);
+                         bool relu, bool silu);
 
 // Name of the kernel the last conv2d_fused call on this thread ran ("aten" for the ATen
 // path); last_kernel_slot() is where the implementations record it.

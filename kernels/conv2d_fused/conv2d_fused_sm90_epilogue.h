@@ -4,8 +4,9 @@
 //   y = act(scale * acc + bias[k] + bias_scalar + residual) + post_bias
 //
 // evaluated in float32 in that order (scale * acc + bias[k] is one fma, as nvcc contracts the
-// family-80 expression), act = ReLU ("v < 0 ? 0 : v": NaN stays NaN, like torch.relu) or the
-// identity per call, the result rounded once to the output type.  Null pointers mean
+// family-80 expression), act = ReLU ("v < 0 ? 0 : v": NaN stays NaN, like torch.relu), SiLU
+// (v / (1 + exp(-v)), as torch's) or the identity per call, the result rounded once to the
+// output type.  Null pointers mean
 // "absent": scale 1, bias 0, bias_scalar 0, post_bias 0, no residual.
 //
 // The tree, leaves first (GEMM M = N*P*Q output pixels, GEMM N = K output channels):
@@ -18,7 +19,7 @@
 //   + bias_scalar : Sm90ScalarBroadcast (pointer, or 0)
 //   + residual    : OptionalSrcFetch, the source tensor C, loaded by TMA only when the call has
 //                   a residual; otherwise never read (and zeros in its place)
-//   act     : Sm90Compute<ReluIf>, whose run-time argument says ReLU or identity
+//   act     : Sm90Compute<ActivationIf>, whose run-time argument says identity, ReLU or SiLU
 //   + post_bias   : Sm90ScalarBroadcast (pointer, or 0); this node rounds to the output type.
 //
 // The scalars are read from device memory when the kernel's epilogue is constructed, i.e.
@@ -42,28 +43,31 @@ namespace cutlass_ops {
 namespace epilogue {
 namespace sm90 {
 
-// ReLU or the identity, chosen per call (Sm90Compute passes an Arguments member to the
-// functor as its last operand).  Kept as "v < 0 ? 0 : v" so that NaN stays NaN.
-struct ReluIfArguments {
-  bool relu = false;
+// The activation, chosen per call (Sm90Compute passes an Arguments member to the functor as
+// its last operand): 0 identity, 1 ReLU ("v < 0 ? 0 : v", so that NaN stays NaN), 2 SiLU.
+struct ActivationArguments {
+  int act = 0;
 };
 
 template <typename T>
-struct ReluIf {
-  using Arguments = ReluIfArguments;
+struct ActivationIf {
+  using Arguments = ActivationArguments;
   CUTLASS_HOST_DEVICE T operator()(T const& v, Arguments const& args) const {
-    return (args.relu && v < T(0)) ? T(0) : v;
+    if (args.act == 1) return v < T(0) ? T(0) : v;
+    if (args.act == 2) return v / (T(1) + expf(-v));
+    return v;
   }
 };
 
 template <typename T, int N>
-struct ReluIf<cutlass::Array<T, N>> {
-  using Arguments = ReluIfArguments;
+struct ActivationIf<cutlass::Array<T, N>> {
+  using Arguments = ActivationArguments;
   CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v,
                                                       Arguments const& args) const {
     cutlass::Array<T, N> out;
+    ActivationIf<T> one;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) out[i] = (args.relu && v[i] < T(0)) ? T(0) : v[i];
+    for (int i = 0; i < N; ++i) out[i] = one(v[i], args);
     return out;
   }
 };
@@ -167,7 +171,7 @@ struct FusedConvEvt {
   using ScaleAccBias = EVT<Compute<cutlass::homogeneous_multiply_add>, Scalar, Acc, ChannelBias>;
   using PlusBiasScalar = EVT<Compute<cutlass::plus>, ScaleAccBias, Scalar>;
   using PlusResidual = EVT<Compute<cutlass::plus>, PlusBiasScalar, OptionalSrcFetch<ElementOutput>>;
-  using Act = EVT<Compute<ReluIf>, PlusResidual>;
+  using Act = EVT<Compute<ActivationIf>, PlusResidual>;
   using Callbacks = EVT<Compute<cutlass::plus, ElementOutput>, Act, Scalar>;
 
   using Arguments = typename Callbacks::Arguments;
@@ -175,13 +179,13 @@ struct FusedConvEvt {
   // The tree's arguments for one call.  Each EVT node's Arguments lists its children's
   // (op_0, op_1, ...) and then its own.
   static Arguments arguments(ElementCompute const* scale, ElementCompute const* bias,
-                             ElementCompute const* bias_scalar, bool has_residual, bool relu,
+                             ElementCompute const* bias_scalar, bool has_residual, int act_kind,
                              ElementCompute const* post_bias) {
     Arguments root{};
     root.op_1.scalars[0] = ElementCompute(0);  // + post_bias
     root.op_1.scalar_ptrs[0] = post_bias;
     auto& act = root.op_0;
-    act.op_1.relu = relu;
+    act.op_1.act = act_kind;
     auto& plus_residual = act.op_0;
     plus_residual.op_1.enabled = has_residual;
     auto& plus_bias_scalar = plus_residual.op_0;

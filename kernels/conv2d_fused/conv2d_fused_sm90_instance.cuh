@@ -142,7 +142,7 @@ typename Config::Kernel::Arguments make_sm90_arguments(Conv2dFusedArgs const& a)
   // Without a residual the EVT's source node disables the load of C: its TMA descriptor is
   // built on the output (a valid address) and never used.
   auto const* residual = a.residual ? static_cast<Element const*>(a.residual) : output;
-  auto fusion = Config::Evt::arguments(a.scale, a.bias, a.bias_scalar, a.residual != nullptr, a.relu,
+  auto fusion = Config::Evt::arguments(a.scale, a.bias, a.bias_scalar, a.residual != nullptr, static_cast<int>(a.act),
                                        a.post_bias);
   return typename Kernel::Arguments(problem, {input, weight}, {fusion, residual, stride_c, output, stride_d});
 }

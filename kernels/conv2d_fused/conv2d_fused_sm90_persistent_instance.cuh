@@ -120,7 +120,8 @@ struct Sm90FusedConvPersistent {
     auto* output = static_cast<Element*>(a.output);
     // Without a residual the EVT's source node disables the load of C (see make_sm90_arguments).
     auto const* residual = a.residual ? static_cast<Element const*>(a.residual) : output;
-    auto fusion = Evt::arguments(a.scale, a.bias, a.bias_scalar, a.residual != nullptr, a.relu, a.post_bias);
+    auto fusion = Evt::arguments(a.scale, a.bias, a.bias_scalar, a.residual != nullptr, static_cast<int>(a.act),
+                                 a.post_bias);
     cutlass::KernelHardwareInfo hw_info{};
     if (cudaGetDevice(&hw_info.device_id) != cudaSuccess) {
       cudaGetLastError();

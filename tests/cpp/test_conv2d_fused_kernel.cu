@@ -19,7 +19,8 @@ using namespace cutlass_ops::conv2d_fused;
 
 struct Case {
   int N, H, W, C, K, R, S, pad, stride;
-  bool relu, residual, bias;
+  int act;  // Activation: 0 identity, 1 ReLU, 2 SiLU
+  bool residual, bias;
 };
 
 // Returns true when the kernel output matches; prints the case, the kernel and the errors.
@@ -54,7 +55,7 @@ bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
   float* d_scalars = to_device(std::vector<float>(scalars, scalars + 3));
   a.scale = d_scalars; a.bias_scalar = d_scalars + 1; a.post_bias = d_scalars + 2;
   a.bias = c.bias ? to_device(bias) : nullptr;
-  a.relu = c.relu;
+  a.act = static_cast<Activation>(c.act);
   std::vector<int> semaphores(4096, 0);
   a.workspace = to_device(semaphores);  // lets the dispatcher use serial split-K
   a.workspace_bytes = semaphores.size() * sizeof(int);
@@ -82,7 +83,8 @@ bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
   for (size_t i = 0; i < ny; ++i) {
     double v = double(scale) * acc[i] + bias_s + (c.bias ? bias[i % c.K] : 0.0) +
                (c.residual ? double(float(res[i])) : 0.0);
-    if (c.relu) v = v < 0 ? 0 : v;
+    if (c.act == 1) v = v < 0 ? 0 : v;
+    if (c.act == 2) v = v / (1 + std::exp(-v));
     v += post;
     double got = float(y[i]);
     double e = std::isfinite(got) ? std::abs(got - v) : INFINITY;
@@ -90,8 +92,8 @@ bool run_case(Case const& c, int cc, int sms, std::mt19937& rng) {
   }
   double rel = std::sqrt(err2 / ref2);
   bool ok = rel < 2e-3 && std::isfinite(max_err);
-  std::printf("%s N%d %dx%d C%d->K%d %dx%d pad%d stride%d relu%d res%d bias%d: %s split_k %d rel %.2e max %.2e\n",
-              ok ? "ok  " : "FAIL", c.N, c.H, c.W, c.C, c.K, c.R, c.S, c.pad, c.stride, c.relu,
+  std::printf("%s N%d %dx%d C%d->K%d %dx%d pad%d stride%d act%d res%d bias%d: %s split_k %d rel %.2e max %.2e\n",
+              ok ? "ok  " : "FAIL", c.N, c.H, c.W, c.C, c.K, c.R, c.S, c.pad, c.stride, c.act,
               c.residual, c.bias, r.kernel->name, r.split_k_slices, rel, max_err);
   cudaFree(const_cast<void*>(a.input)); cudaFree(const_cast<void*>(a.weight));
   cudaFree(const_cast<void*>(a.residual)); cudaFree(d_out); cudaFree(d_scalars);
@@ -105,11 +107,12 @@ int main() {
   std::printf("device: %s (sm%d), %d kernels in the table\n", prop.name, cc, kNumKernels);
   std::mt19937 rng(1234);
   Case cases[] = {
-      {3, 11, 13, 16, 24, 3, 3, 1, 2, true, true, true},    // odd spatial, strided, residual
-      {2, 16, 16, 64, 64, 3, 3, 1, 1, true, false, true},   // ResNet block shape
-      {1, 9, 9, 3, 8, 4, 4, 0, 4, false, false, false},     // 3 channels: alignment-1 kernel
-      {5, 7, 7, 24, 40, 1, 1, 0, 1, false, true, true},     // 1x1
-      {1, 4, 4, 256, 128, 3, 3, 1, 1, true, false, true},   // tiny M, long K: serial split-K
+      {3, 11, 13, 16, 24, 3, 3, 1, 2, 1, true, true},    // odd spatial, strided, residual
+      {2, 16, 16, 64, 64, 3, 3, 1, 1, 1, false, true},   // ResNet block shape
+      {1, 9, 9, 3, 8, 4, 4, 0, 4, 0, false, false},      // 3 channels: alignment-1 kernel
+      {5, 7, 7, 24, 40, 1, 1, 0, 1, 0, true, true},      // 1x1
+      {1, 4, 4, 256, 128, 3, 3, 1, 1, 1, false, true},   // tiny M, long K: serial split-K
+      {3, 13, 1, 64, 256, 1, 1, 0, 1, 2, false, true},   // SiLU: FusedCvT's MLP fc1 on tokens
   };
   int failed = 0;
   for (auto const& c : cases) failed += !run_case(c, cc, prop.multiProcessorCount, rng);

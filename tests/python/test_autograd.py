@@ -28,6 +28,19 @@ def test_conv2d_fused_gradcheck(bias_kind, relu, residual):
     assert torch.autograd.gradcheck(fn, (x, w, bias, res, scale, post))
 
 
+@pytest.mark.parametrize("bias_kind", ["channel", "scalar"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_conv2d_fused_silu_gradcheck(bias_kind, residual):
+    """SiLU's backward recomputes the pre-activation (autograd.py): every input's gradient."""
+    g = torch.Generator().manual_seed(1)
+    x, w = _leaf(2, 3, 5, 6, g=g), _leaf(4, 3, 3, 3, g=g)
+    bias = _leaf(4, g=g) if bias_kind == "channel" else _leaf(g=g)
+    res = _leaf(2, 4, 3, 3, g=g) if residual else None
+    scale, post = _leaf(1, g=g), _leaf(g=g)
+    fn = lambda *a: cutlass_ops.conv2d_fused(a[0], a[1], a[2], a[3], 2, 1, a[4], a[5], silu=True)
+    assert torch.autograd.gradcheck(fn, (x, w, bias, res, scale, post))
+
+
 @pytest.mark.parametrize("height,width", [(2, 2), (1, 1), (1, 2), (2, 3)])
 def test_small_map_conv_gradcheck(height, width):
     # FusedResNet's conv2 on maps smaller than 3x3 (a dense layer; dgrad and wgrad differ

@@ -11,7 +11,7 @@ from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
 LOW_PRECISION = [torch.float16, torch.bfloat16]
 
 
-def reference(x, w, bias, residual, stride, padding, scale, post_bias, relu):
+def reference(x, w, bias, residual, stride, padding, scale, post_bias, relu, silu=False):
     """The op's definition, in float64 on the CPU, from the same (rounded) inputs."""
     d = lambda t: t.detach().double().cpu() if isinstance(t, torch.Tensor) else t
     y = F.conv2d(d(x), d(w), stride=stride, padding=padding)
@@ -24,6 +24,8 @@ def reference(x, w, bias, residual, stride, padding, scale, post_bias, relu):
         y = y + d(residual)
     if relu:
         y = torch.relu(y)
+    if silu:
+        y = F.silu(y)
     if post_bias is not None:
         y = y + d(post_bias)
     return y
@@ -47,19 +49,19 @@ def random_case(n, c, k, h, w, r, s, dtype, device, g, bias="channel", residual=
                 scale=scalar(0.5), post_bias=scalar(-1.0))
 
 
-def run(case, relu):
+def run(case, relu, silu=False):
     return cutlass_ops.conv2d_fused(case["x"], case["w"], case["bias"], case["residual"],
                                     case["stride"], case["padding"], case["scale"],
-                                    case["post_bias"], relu)
+                                    case["post_bias"], relu, silu)
 
 
-def check(case, relu, dtype, expect_kernel=True):
+def check(case, relu, dtype, expect_kernel=True, silu=False):
     if case["x"].is_cuda:
         n, _, h, w = case["x"].shape
         poison_cuda_cache(n * case["w"].shape[0] * h * w * 2)
-    out = run(case, relu)
+    out = run(case, relu, silu)
     ref = reference(case["x"], case["w"], case["bias"], case["residual"], case["stride"],
-                    case["padding"], case["scale"], case["post_bias"], relu)
+                    case["padding"], case["scale"], case["post_bias"], relu, silu)
     assert out.shape == ref.shape and out.dtype == dtype
     assert out.is_contiguous(memory_format=torch.channels_last)
     rel, mx = errors(out, ref)
@@ -112,6 +114,22 @@ def test_numerics_full_epilogue(device, dtype, shape, rng):
 def test_epilogue_variants(device, dtype, bias, residual, relu, rng):
     case = random_case(3, 32, 48, 10, 10, 3, 3, dtype, device, rng, bias=bias, residual=residual)
     check(case, relu, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("shape", [(3, 64, 256, 13, 1, 1, 1, 1, 0), (2, 32, 48, 10, 9, 3, 3, 1, 1),
+                                   (1, 256, 128, 4, 4, 3, 3, 1, 1)],
+                         ids=["tokens_1x1", "3x3", "split_k"])
+@pytest.mark.parametrize("residual", [True, False])
+def test_silu_epilogue(device, dtype, shape, residual, rng):
+    """SiLU as the activation (FusedCvT's fc1): every other epilogue term present, against
+    float64; on tokens viewed as an (N, C, L, 1) map, as FusedCvT calls it."""
+    n, c, k, h, w, r, s, stride, padding = shape
+    case = random_case(n, c, k, h, w, r, s, dtype, device, rng, residual=residual, stride=stride, padding=padding)
+    check(case, relu=False, dtype=dtype, silu=True)
+    with pytest.raises(ValueError, match="relu and silu"):
+        run(case, relu=True, silu=True)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")

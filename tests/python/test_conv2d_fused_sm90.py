@@ -37,16 +37,16 @@ def forced():
     torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
 
 
-def run_checked(case, relu, dtype, expect=None):
+def run_checked(case, relu, dtype, expect=None, silu=False):
     """Runs the case on a poisoned allocator (an unwritten output reads NaN) and checks it
     against the float64 reference; returns the kernel that ran."""
     n, _, h, w = case["x"].shape
     poison_cuda_cache(2 * n * case["w"].shape[0] * h * w * 2)
     out = cutlass_ops.conv2d_fused(case["x"], case["w"], case["bias"], case["residual"], case["stride"],
-                                   case["padding"], case["scale"], case["post_bias"], relu)
+                                   case["padding"], case["scale"], case["post_bias"], relu, silu)
     kernel = cutlass_ops.conv2d_fused_last_kernel()
     ref = reference(case["x"], case["w"], case["bias"], case["residual"], case["stride"], case["padding"],
-                    case["scale"], case["post_bias"], relu)
+                    case["scale"], case["post_bias"], relu, silu)
     assert out.shape == ref.shape and out.dtype == dtype
     assert out.is_contiguous(memory_format=torch.channels_last)
     rel, mx = errors(out, ref)
@@ -93,6 +93,17 @@ def test_every_epilogue(kernel, bias, scale, post_bias, residual, relu, forced, 
         case["post_bias"] = None
     forced(kernel)
     run_checked(case, relu, dtype, expect=kernel)
+
+
+@needs_sm90
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("residual", [True, False])
+def test_silu_epilogue(kernel, residual, forced, rng):
+    """SiLU as the activation (FusedCvT's fc1) with every other term, each sm90 kernel."""
+    dtype = kernel_dtype(kernel)
+    case = random_case(3, 64, 72, 10, 9, 1, 1, dtype, "cuda", rng, residual=residual, padding=0)
+    forced(kernel)
+    run_checked(case, False, dtype, expect=kernel, silu=True)
 
 
 # ResNet shapes: odd batches, C in FusedResNet's set, 1x1 and 3x3, strides 1 and 2 (K = 2C

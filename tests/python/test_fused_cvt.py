@@ -386,6 +386,36 @@ def test_fused_cvt_cuda_inference(dtype, n):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("switches", [{}, {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"}, {"CUTLASS_OPS_CVT_DW_TOKENS": "0"}],
+                         ids=["default", "silu_epilogue", "no_dw_tokens"])
+def test_fused_cvt_cuda_inference_paths(dtype, switches, monkeypatch):
+    """Inference (autograd off) runs each attention's q/k/v dw convs as one dw_conv3x3_tokens
+    call by default (=0: cuDNN's), and with CUTLASS_OPS_CVT_SILU_EPILOGUE=1 each MLP's fc1 with
+    its SiLU as one conv2d_fused kernel (a CUTLASS kernel, not the ATen fallback): each within
+    1.5x the reference's own error against float64."""
+    import cutlass_ops.fused_cvt as fused_cvt
+    for k, v in switches.items():
+        monkeypatch.setenv(k, v)
+    kernels, dw_calls = [], []
+    conv, dw = fused_cvt.conv2d_fused, fused_cvt.dw_conv3x3_tokens
+
+    def counting_conv(*a, **kw):
+        y = conv(*a, **kw)
+        if kw.get("silu"):
+            kernels.append(fused_cvt.conv2d_fused_last_kernel())
+        return y
+    monkeypatch.setattr(fused_cvt, "conv2d_fused", counting_conv)
+    monkeypatch.setattr(fused_cvt, "dw_conv3x3_tokens", lambda *a: dw_calls.append(1) or dw(*a))
+    _low_precision_check("cuda", dtype, 3, 224, 224, train=False)
+    silu_on = switches.get("CUTLASS_OPS_CVT_SILU_EPILOGUE") == "1"
+    dw_on = switches.get("CUTLASS_OPS_CVT_DW_TOKENS") != "0"
+    assert len(kernels) == (13 if silu_on else 0), kernels  # one forward: 13 blocks
+    assert all(k.startswith("cutlass_ops_conv2d_fused_") for k in kernels), kernels
+    assert len(dw_calls) == (13 if dw_on else 0)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_fused_cvt_cuda_training(dtype):
     _low_precision_check("cuda", dtype, 3, 96, 112, train=True)
 
