@@ -56,7 +56,8 @@ struct Taps<T, 8, true> {
 
 // Projection j's outputs centred on row iy, input pixels x0 .. x0 + kStrip - 1 (every one for
 // stride 1, the even ones for stride 2), one thread's kVec channels c0..: the weights read once
-// per strip, the window slid along the row (each column loaded once), float32 sums on the bias.
+// per strip, the window slid along the row (each column loaded once, a step ahead of its use),
+// float32 sums on the bias.
 template <typename T, int kVec, int kStride, bool kPacked>
 __device__ __forceinline__ void conv_strip(DwConvArgs const& a, int j, T const* image, long long img, int iy, int x0,
                                            int c0) {
@@ -70,19 +71,16 @@ __device__ __forceinline__ void conv_strip(DwConvArgs const& a, int j, T const* 
   HalfChunk<T, kVec> win[3][3];  // win[k]: the column at centre - 1 + k
   load_column<T, kVec>(a, image, iy, x0 - 1, c0, win[0]);
   load_column<T, kVec>(a, image, iy, x0, c0, win[1]);
+  load_column<T, kVec>(a, image, iy, x0 + 1, c0, win[2]);
+  const int end = x0 + kStrip < a.w ? x0 + kStrip : a.w;
 #pragma unroll 1  // rolled: an unrolled strip keeps every step's loads in flight (255 registers)
-  for (int x = x0; x < x0 + kStrip && x < a.w; x += kStride) {  // x: the centre
-    if (x > x0) {  // slide by kStride columns
-      if constexpr (kStride == 1) {
+  for (int x = x0; x < end; x += kStride) {  // x: the centre
+    // the next step's new columns, loaded before this step's sums so that they overlap
+    HalfChunk<T, kVec> next[kStride][3];
+    if (x + kStride < end) {
 #pragma unroll
-        for (int ky = 0; ky < 3; ++ky) { win[0][ky] = win[1][ky]; win[1][ky] = win[2][ky]; }
-      } else {
-#pragma unroll
-        for (int ky = 0; ky < 3; ++ky) win[0][ky] = win[2][ky];
-        load_column<T, kVec>(a, image, iy, x, c0, win[1]);
-      }
+      for (int k = 0; k < kStride; ++k) load_column<T, kVec>(a, image, iy, x + 2 + k, c0, next[k]);
     }
-    load_column<T, kVec>(a, image, iy, x + 1, c0, win[2]);
     float acc[kVec];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
@@ -94,6 +92,18 @@ __device__ __forceinline__ void conv_strip(DwConvArgs const& a, int j, T const* 
       }
     }
     store_floats<kVec>(out + static_cast<long long>(x / kStride) * a.c, acc);
+#pragma unroll
+    for (int ky = 0; ky < 3; ++ky) {  // slide by kStride columns
+      if constexpr (kStride == 1) {
+        win[0][ky] = win[1][ky];
+        win[1][ky] = win[2][ky];
+        win[2][ky] = next[0][ky];
+      } else {
+        win[0][ky] = win[2][ky];
+        win[1][ky] = next[0][ky];
+        win[2][ky] = next[1][ky];
+      }
+    }
   }
 }
 

@@ -46,7 +46,7 @@ struct LaunchBackward {
 };
 
 // The backward's grid: enough CTAs to keep the loads in flight (2 per SM), few enough that
-// the per-warp partial sums stay small next to the rows.
+// the per-CTA partial sums stay small next to the rows.
 long long backward_ctas(LayerNormBackwardArgs const& a, int num_sms) {
   return layer_norm_ctas(a.rows, layer_norm_backward_shape(a).lanes, 2LL * num_sms);
 }
@@ -58,14 +58,14 @@ bool layer_norm_backward_supported(LayerNormBackwardArgs const& a) {
 }
 
 long long layer_norm_backward_partial_rows(LayerNormBackwardArgs const& a, int num_sms) {
-  return backward_ctas(a, num_sms) * (kThreads / 32);
+  return backward_ctas(a, num_sms);
 }
 
 cudaError_t launch_layer_norm_backward(LayerNormBackwardArgs const& a, int num_sms, cudaStream_t stream) {
   const LayerNormShape sh = layer_norm_backward_shape(a);
   if (sh.lanes == 0) return cudaErrorInvalidValue;
   const long long grid = backward_ctas(a, num_sms);
-  if (a.partials && a.partial_rows != grid * (kThreads / 32)) return cudaErrorInvalidValue;
+  if (a.partials && a.partial_rows != grid) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;  // (the caller zeroes the partials)
   return a.dtype == DType::kF16
              ? with_layer_norm_shape(sh, LaunchBackward<__half>{a, static_cast<int>(grid), stream})

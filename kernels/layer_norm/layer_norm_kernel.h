@@ -35,7 +35,7 @@ struct LayerNormArgs {
 
 // The backward, one pass over the rows (layer_norm_backward_kernel):
 //   grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) + grad_sum,  g = grad_y * weight,
-//   xhat = (s - mean) * rstd, per row; and, with partials, each warp's sums over its rows of
+//   xhat = (s - mean) * rstd, per row; and, with partials, each CTA's sums over its rows of
 //   grad_y * xhat and grad_y, for the caller to add up into the weight's and bias's gradients.
 struct LayerNormBackwardArgs {
   DType dtype;
@@ -50,14 +50,14 @@ struct LayerNormBackwardArgs {
   bool params_f32;       // weight is float32 (else s's dtype)
   void* grad_x;          // (rows, cols)
   float* partials;       // (2, partial_rows, cols): the weight's, then the bias's; or null
-  long long partial_rows;  // layer_norm_backward_partial_rows(): one row per warp of the grid
+  long long partial_rows;  // layer_norm_backward_partial_rows(): one row per CTA of the grid
 };
 
 // Whether the kernel covers `cols` with these pointers (else the caller runs ATen's).
 bool layer_norm_supported(LayerNormArgs const& a);
 bool layer_norm_backward_supported(LayerNormBackwardArgs const& a);
 
-// Rows of the backward's partial sums (the grid's warps) for `rows` rows on `num_sms` SMs.
+// Rows of the backward's partial sums (the grid's CTAs) for `rows` rows on `num_sms` SMs.
 long long layer_norm_backward_partial_rows(LayerNormBackwardArgs const& a, int num_sms);
 
 // Return the launch's cudaError.

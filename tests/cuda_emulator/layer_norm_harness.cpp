@@ -78,8 +78,8 @@ struct EmulateBackward {
 };
 }  // namespace
 
-// The backward on `grid` CTAs (the caller's partials hold grid * kThreads / 32 rows per
-// parameter when given).  Returns 0, 1 on a deadlock, 2 where the kernel does not cover the shape.
+// The backward on `grid` CTAs (the caller's partials hold `grid` rows per parameter when
+// given).  Returns 0, 1 on a deadlock, 2 where the kernel does not cover the shape.
 extern "C" int emu_layer_norm_backward(int bf16, long long rows, int cols, const void* grad_y, const void* grad_sum,
                                        const void* s, const float* mean, const float* rstd, const void* weight,
                                        int params_f32, void* grad_x, float* partials, unsigned grid, unsigned seed,
@@ -97,7 +97,7 @@ extern "C" int emu_layer_norm_backward(int bf16, long long rows, int cols, const
   a.params_f32 = params_f32 != 0;
   a.grad_x = grad_x;
   a.partials = partials;
-  a.partial_rows = (long long)grid * (kThreads / 32);
+  a.partial_rows = grid;
   const LayerNormShape sh = layer_norm_backward_shape(a);
   shape_out[0] = sh.vec;
   shape_out[1] = sh.lanes;

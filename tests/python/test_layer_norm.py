@@ -220,15 +220,14 @@ def backward_reference(s, gy, gs, w, eps=1e-5):
 
 
 def run_emulated_backward(lib, gy, gs, s, mean, rstd, w, params=True, grid=2, seed=0, offset=0):
-    """The backward kernel on `grid` CTAs: grad_x poisoned with NaN and guarded, the per-warp
-    partials poisoned too (each warp must write its row) and summed here as the op does."""
+    """The backward kernel on `grid` CTAs: grad_x poisoned with NaN and guarded, the per-CTA
+    partials poisoned too (each CTA must write its row) and summed here as the op does."""
     rows, cols = s.shape
     n = rows * cols
 
     gyp, gsp, sp = _placed(gy, offset), _placed(gs, offset), _placed(s, offset)
     gxf = _guarded(n + offset, s.dtype)
-    warps = grid * 8
-    pf = _guarded(2 * warps * cols, torch.float32) if params else None
+    pf = _guarded(2 * grid * cols, torch.float32) if params else None
     shape = (ctypes.c_int * 3)()
     ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
     rc = lib.emu_layer_norm_backward(int(s.dtype == torch.bfloat16), ctypes.c_longlong(rows), cols, ptr(gyp),
@@ -242,9 +241,9 @@ def run_emulated_backward(lib, gy, gs, s, mean, rstd, w, params=True, grid=2, se
     gx = gxf[offset:n + offset].view(rows, cols)
     sums = None
     if params:
-        assert bool((pf[2 * warps * cols:] == -777.0).all()), "a write past the partials"
-        part = pf[:2 * warps * cols].view(2, warps, cols)
-        assert not part.isnan().any(), "a warp left its partial row unwritten"
+        assert bool((pf[2 * grid * cols:] == -777.0).all()), "a write past the partials"
+        part = pf[:2 * grid * cols].view(2, grid, cols)
+        assert not part.isnan().any(), "a CTA left its partial row unwritten"
         sums = part.sum(1)
     return (gx, sums), tuple(shape)
 
@@ -271,7 +270,7 @@ def backward_inputs(rows, cols, dtype, grad_sum, weight, seed):
 def test_backward_kernel_on_the_emulator(ln_emulator, cols, shape, dtype, grad_sum):
     """The backward kernel at every row shape it takes, 37 rows on 2 CTAs (warps looping over
     several row groups, warps with rows past the end): grad_x (+ grad_sum) and the summed
-    per-warp partials (the weight's and bias's gradients) against float64 and the op's CPU path
+    per-CTA partials (the weight's and bias's gradients) against float64 and the op's CPU path
     (ATen's float32 backward); two schedules bitwise equal; nothing written past an output."""
     weight = {24: None, 64: "x dtype"}.get(cols, "float32")
     gy, gs, s, mean, rstd, w = backward_inputs(37, cols, dtype, grad_sum, weight, seed=cols)
