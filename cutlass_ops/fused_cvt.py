@@ -1,6 +1,6 @@
 """FusedCvT: CvT (Convolutional Vision Transformer) on cutlass_ops ops, NHWC inside.
 
-A FOUNDATION, NOT FUSED YET.  Same parameters, buffers and state_dict names as the
+PARTLY FUSED (listed below; the rest is PyTorch).  Same parameters, buffers and state_dict names as the
 reference ``cutlass_ops.models.cvt.ConvolutionalVisionTransformer`` (``cvt13()``); only the forward
 differs.  What runs where, per forward:
 
@@ -27,16 +27,26 @@ differs.  What runs where, per forward:
   into the weights at each call; the alpha form is not yet timed): forward 7.50 -> 7.02 ms,
   training step 26.99 -> 25.05 ms; with the fused LayerNorms (and FusedMLP) 4.96 and 24.44 ms.
 
+  the q/k/v "dw_bn" projections in eval mode with autograd off (CUTLASS_OPS_CVT_DW_TOKENS=0
+  turns it off): each attention's three depthwise 3x3 convs (stride 1 for q, 2 for k and v),
+  the BatchNorms folded in (weight * gamma / sqrt(var + eps), bias beta - mean * gamma /
+  sqrt(var + eps), float32 or wider, from the current parameters and running statistics; in
+  eager calls with autograd off the folds are cached until one of them changes, a CUDA graph
+  recomputes them at each replay), as one ``dw_conv3x3_tokens`` kernel (kernels/dw_conv): the
+  map read once, in place behind stage 3's cls row, the cls token written in front of each
+  output.  H200, N=64, CUDA graph: forward 3.793 -> 3.361 ms (docs/results/cvt_h200_session13/).
+
+  opt-in, CUTLASS_OPS_CVT_SILU_EPILOGUE=1 (autograd off): each MLP's fc1 and its SiLU as one
+  conv2d_fused kernel (SiLU in its epilogue); off by default, slower than cuBLAS + SiLU here
+  (silu_epilogue_enabled).
+
   still PyTorch (ATen / cuDNN / cuBLAS kernels, one or more per op):
     - with CUTLASS_OPS_CVT_FUSED_LN=0 the LayerNorms and residual adds (16-bit inputs in
       float32, as CvT's LayerNorm); always the head's LayerNorm;
-    - the q/k/v "dw_bn" projections: depthwise 3x3 conv (stride 1 for q, 2 for k and v) on
-      the NHWC map.  Eval mode: the BatchNorm folded into the conv (weight * gamma /
-      sqrt(var + eps), bias beta - mean * gamma / sqrt(var + eps), float32 or wider), from the
-      current parameters and running statistics; in eager calls with autograd off the folded
-      pair is cached until one of them changes (a CUDA graph recomputes it at each replay).
-      Train mode: the real ``nn.BatchNorm2d`` after the conv (batch statistics, running
-      statistics updated).
+    - the q/k/v "dw_bn" projections otherwise: cuDNN's depthwise conv per projection on the
+      NHWC map; eval mode (under autograd, or =0 above): the folded conv, its bias moved into
+      the q/k/v Linear's (dw_bias_in_linear_enabled); train mode: the real ``nn.BatchNorm2d``
+      after the conv (batch statistics, running statistics updated).
     - the q/k/v/out linears, the MLP linears (cuBLAS through ``cutlass_ops.linear.linear``, whose
       backward takes the bias gradient as a GEMV with ones: ATen's column sums took 2.2 ms of
       the H200's N=64 training step; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
@@ -155,8 +165,8 @@ def fused_layer_norm_enabled() -> bool:
 
 class FusedCvT(ConvolutionalVisionTransformer):
     """Drop-in for the CvT reference (``cutlass_ops.models.cvt``); see the module docstring for
-    which parts are fused kernels (two conv embeddings, the LayerNorms with their residual adds) and which are
-    still PyTorch."""
+    which parts are fused kernels (two conv embeddings, the LayerNorms with their residual adds,
+    the eval-mode q/k/v depthwise convs) and which are still PyTorch."""
 
     def __init__(self, num_classes: int = 1000, in_chans: int = 3, spec: dict | None = None):
         super().__init__(in_chans=in_chans, num_classes=num_classes, act_layer=QuickGELU,

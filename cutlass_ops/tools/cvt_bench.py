@@ -16,9 +16,9 @@ setup time and peak memory.  The model: random weights (the reference's init), f
 bf16), eval mode for inference, train mode (BatchNorm batch statistics, drop path 0.1 in
 stage 3) for training.
 
-FusedCvT is not fused yet beyond two conv embeddings, its LayerNorms with the residual adds
-(forward and backward) and QuickGELU as one SiLU (cutlass_ops/fused_cvt.py), so these numbers
-measure the foundation, not the issue's goal.
+FusedCvT is fused only in parts: two conv embeddings, its LayerNorms with the residual adds
+(forward and backward), QuickGELU as one SiLU, and in inference each attention's q/k/v
+depthwise convs as one kernel (cutlass_ops/fused_cvt.py); the rest is PyTorch.
 """
 from __future__ import annotations
 
