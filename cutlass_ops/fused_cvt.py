@@ -1,8 +1,8 @@
 """FusedCvT: CvT (Convolutional Vision Transformer) on cutlass_ops ops, NHWC inside.
 
-PARTLY FUSED (listed below; the rest is PyTorch).  Same parameters, buffers and state_dict names as the
-reference ``cutlass_ops.models.cvt.ConvolutionalVisionTransformer`` (``cvt13()``); only the forward
-differs.  What runs where, per forward:
+PARTLY FUSED (listed below; the rest is PyTorch).  Same parameters, buffers and state_dict
+names as the reference ``cutlass_ops.models.cvt.ConvolutionalVisionTransformer`` (``cvt13()``);
+only the forward differs.  What runs where, per forward:
 
   fused CUTLASS kernel (``conv2d_fused``, on CUDA fp16/bf16; on the CPU and for float32/64
   it is ATen's conv, correct but not fused):
@@ -52,7 +52,8 @@ differs.  What runs where, per forward:
       the H200's N=64 training step; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
       MLPs no wider than 256, i.e. stage 1's, as one FusedMLP kernel, which the H200 run timed
       at 7.59 ms against 7.50 for the forward, so it stays off), residual adds, drop path
-      (timm 0.3.2's, same RNG draws as the reference), dropout;
+      (timm 0.3.2's random draws, as the reference; applied as one multiply per sample,
+      _drop_path, where timm's takes two passes each way: not yet timed), dropout;
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
       whole embed dim, as CvT) on CUDA, matmul-softmax-matmul on the CPU (as the reference),
       the cls token concatenated in front of q, k, v;
@@ -72,8 +73,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
-                  layer_norm, quick_gelu)
+from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, DropPath, LayerNorm, QuickGELU,
+                          VisionTransformer, layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .linear import linear
 from .ops import conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows
@@ -319,9 +320,9 @@ class FusedCvT(ConvolutionalVisionTransformer):
         """One transformer block on x + pending (the previous block's last residual branch, not
         yet added): returns (the block's output less its MLP branch, that branch)."""
         h1, x = self._add_layer_norm(x, blk.norm1, pending)
-        a = blk.drop_path(self._attention(blk.attn, h1, h, w, folds))
+        a = _drop_path(blk.drop_path, self._attention(blk.attn, h1, h, w, folds))
         h2, x = self._add_layer_norm(x, blk.norm2, a)
-        return x, blk.drop_path(self._mlp(blk.mlp, h2))
+        return x, _drop_path(blk.drop_path, self._mlp(blk.mlp, h2))
 
     def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
         """fc1, QuickGELU, fc2 on the normalized tokens: FusedMLP's kernel (opt-in), one SiLU
@@ -377,8 +378,10 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def _fc1_silu_epilogue(fc1: nn.Linear, h: torch.Tensor) -> torch.Tensor:
         """silu(1.702 (h W1^T + b1)) as one conv2d_fused kernel: fc1 a 1x1 conv over the tokens
         viewed as a map (N, C, L, 1) in NHWC memory (no copy), 1.702 as its scale, 1.702 b1 as
-        its bias, SiLU in its epilogue (tiles: the profile rules of CvtMlpGemms,
-        cutlass_ops/tools/profiler.py)."""
+        its bias, SiLU in its epilogue.  Its tiles come from profiles/ where a rule covers these
+        1x1 shapes (none committed: the profiler's CvtMlpGemms rows, in
+        docs/results/cvt_h200_session13/, would add instances to every build for an opt-in
+        path), else from the occupancy heuristic."""
         n, length, c = h.shape
         tokens_map = h.reshape(n, length, 1, c).permute(0, 3, 1, 2)
         weight = fc1.weight.view(fc1.out_features, c, 1, 1)
@@ -455,7 +458,8 @@ class FusedCvT(ConvolutionalVisionTransformer):
                 attn = attns[p]
                 if (p is attn.conv_proj_q and i + 2 < len(projs) and projs[i + 1] is attn.conv_proj_k
                         and projs[i + 2] is attn.conv_proj_v and ws[i + 1].shape == ws[i + 2].shape == t.shape):
-                    out[id(attn)] = (w[at:at + 3 * width].view((3,) + tuple(t.shape)), b[at:at + 3 * width].view(3, width))
+                    out[id(attn)] = (w[at:at + 3 * width].view((3,) + tuple(t.shape)),
+                                     b[at:at + 3 * width].view(3, width))
                 at += width
             return out
         return self._cached_fold("dw_bn folds", tensors, fold_all, eps)
@@ -481,9 +485,10 @@ class FusedCvT(ConvolutionalVisionTransformer):
                                  bn.eps)
 
     def _cached_fold(self, slot, tensors: tuple, fold, *extra):
-        """fold(*tensors), cached in ``slot`` (a projection's id, or a name) when autograd is off, keyed by the tensors'
-        addresses, version counters and dtypes (and ``extra``); computed afresh while autograd
-        records, torch.compile traces or a CUDA graph is captured (see _folded_dw_bn)."""
+        """fold(*tensors), cached in ``slot`` (a projection's id, or a name) when autograd is off,
+        keyed by the tensors' addresses, version counters and dtypes (and ``extra``); computed
+        afresh while autograd records, torch.compile traces or a CUDA graph is captured (see
+        _folded_dw_bn)."""
         lead = next(t for t in tensors if t is not None)
         cacheable = not (torch.is_grad_enabled() or torch.compiler.is_compiling()
                          or (lead.is_cuda and torch.cuda.is_current_stream_capturing()))
@@ -557,6 +562,39 @@ class FusedCvT(ConvolutionalVisionTransformer):
             o = attn.attn_drop(torch.softmax(q @ k.transpose(-2, -1) * attn.scale, dim=-1)) @ v
         o = o.transpose(1, 2).reshape(n, o.shape[2], attn.dim)
         return attn.proj_drop(linear(o, attn.proj.weight, attn.proj.bias))
+
+
+def _drop_path(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The reference's DropPath (timm 0.3.2's drop path: the same random draw, so the same
+    samples dropped) as one multiply by mask / keep_prob per sample, forward and backward,
+    where timm's ``x.div(keep_prob) * mask`` is two passes over x each way (H200, N=64 training
+    step: 36 such multiplies took 0.43 ms); the product in float32 (float64 for float64), rounded
+    once.  DropPath modules other than the reference's run as they are."""
+    p = getattr(module, "drop_prob", None)
+    if type(module) is not DropPath or not module.training or not p:
+        return module(x)
+    keep = 1 - p
+    mask = keep + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device)
+    mask.floor_()
+    return _ScaleSamples.apply(x, mask.to(torch.promote_types(x.dtype, torch.float32)) / keep)
+
+
+class _ScaleSamples(torch.autograd.Function):
+    """x * scale with scale (N, 1, ...) of a wider dtype than x: one kernel computing in scale's
+    dtype and writing x's (ATen casts in the same pass), forward and backward."""
+
+    @staticmethod
+    def forward(x, scale):
+        return torch.mul(x, scale, out=torch.empty_like(x))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (scale,) = ctx.saved_tensors
+        return torch.mul(grad, scale, out=torch.empty_like(grad)), None
 
 
 def _dw_tokens_can_run(proj: nn.Module) -> bool:

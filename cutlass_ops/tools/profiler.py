@@ -116,7 +116,8 @@ class CvtMlpGemms(torch.nn.Module):
     over a token map (N, C, L, 1), each on an input of its own width (only the shapes matter),
     for ``profile --model cutlass_ops.tools.profiler:CvtMlpGemms --input-shape 64,3136,1 --batch
     4 16 64`` (GEMM M 12544, 50176, 200704: N=64's stage 3, 2 and 1).  FusedCvT runs fc1 with its
-    SiLU as conv2d_fused in inference; these rules pick its tiles."""
+    SiLU as conv2d_fused in inference with CUTLASS_OPS_CVT_SILU_EPILOGUE=1, whose tiles such
+    rules would pick (the H200's are in docs/results/cvt_h200_session13/, not in profiles/)."""
 
     def __init__(self):
         super().__init__()

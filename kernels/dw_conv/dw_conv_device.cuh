@@ -12,8 +12,9 @@ namespace cutlass_ops {
 namespace dw_conv {
 
 constexpr int kThreads = 256;
-
-constexpr int kStrip = 8;  // input pixels along a row per thread (even: stride-2 centres stay even; H200: 8 beat 4 and 2)
+// Input pixels along a row per thread: even, so that stride-2 centres stay even; on the H200
+// strips of 8 beat 4 and 2 (docs/results/cvt_h200_session13/).
+constexpr int kStrip = 8;
 
 // The window column at input x (3 rows around iy), zeros outside the map.
 template <typename T, int kVec>
@@ -160,7 +161,7 @@ inline int dw_conv_vec(DwConvArgs const& a) {
   bool ok = a.c % 8 == 0 && a.x_image_stride % 8 == 0 && aligned16(a.x) &&
             (a.lead == 0 || (aligned16(a.lead_tokens) && a.lead_image_stride % 8 == 0));
   for (int j = 0; j < a.projections; ++j) ok = ok && aligned16(a.y[j]);
-  // 16-bit weights are read as 16-byte chunks too (load_taps): their start must be aligned
+  // 16-bit weights are read as 16-byte chunks too (Taps): their start must be aligned
   if (!a.params_f32) ok = ok && aligned16(a.weight);
   return ok ? 8 : 1;
 }

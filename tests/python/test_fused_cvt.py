@@ -215,6 +215,35 @@ OPT_IN = {"CUTLASS_OPS_CVT_FUSED_LN": "1", "CUTLASS_OPS_CVT_SILU_MLP": "1", "CUT
 UNFUSED = {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"}
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_drop_path_one_multiply(dtype):
+    """FusedCvT's drop path (one multiply by mask / keep_prob) drops the same samples as the
+    reference's DropPath from the same seed (the draw is in x's dtype); values and gradients
+    no further from the float64 result with that mask than the reference's two roundings."""
+    from cutlass_ops.fused_cvt import _drop_path
+    from cutlass_ops.models.cvt import DropPath
+    module, keep = DropPath(0.4).train(), 0.6
+    x = torch.randn(64, 5, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    g = torch.randn(64, 5, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    outs = {}
+    for name in ("ref", "ours"):
+        xi = x.to(dtype).detach().clone().requires_grad_()
+        torch.manual_seed(7)
+        y = module(xi) if name == "ref" else _drop_path(module, xi)
+        y.backward(g.to(dtype))
+        outs[name] = (y.detach().double(), xi.grad.double())
+    kept = outs["ref"][0].flatten(1).abs().sum(1) > 0
+    assert 0 < kept.sum() < 64  # some samples dropped, some kept
+    scale = kept.double().view(-1, 1, 1) / keep
+    want = (x.to(dtype).double() * scale, g.to(dtype).double() * scale)  # float64, that mask
+    for i in (0, 1):
+        assert torch.equal(outs["ours"][i].flatten(1).abs().sum(1) > 0, kept)
+        ref_err = (outs["ref"][i] - want[i]).abs().max().item()
+        our_err = (outs["ours"][i] - want[i]).abs().max().item()
+        assert our_err <= max(ref_err, 1e-15), (i, our_err, ref_err)
+    assert _drop_path(module.eval(), x) is x  # eval: identity
+
+
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_fused_cvt_unfused_paths_float64(mode, monkeypatch):
     """With the LayerNorm and SiLU fusions switched off (=0), the same float64 bounds."""
