@@ -197,7 +197,7 @@ def test_kernel_on_the_emulator(dw_emulator, dtype, c, vec, strides, lead, hw):
 @pytest.mark.parametrize("lead", [0, 1])
 def test_tiled_kernel_on_the_emulator(dw_emulator, dtype, c, hw, strides, lead):
     """The tiled kernel (channels in slices of 64, 16-bit weights, 16-byte accesses; a band of
-    rows per CTA: 30x29 takes four bands, the others one): every output written, nothing past
+    rows per CTA: 30x29 takes three bands of 10, the others one): every output written, nothing past
     it, against float64, bitwise the strip kernel's numbers (the same sums in the same order),
     and a second thread schedule bitwise equal."""
     h, w = hw
