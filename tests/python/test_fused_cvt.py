@@ -279,6 +279,29 @@ def test_fused_cvt_opt_in_paths_torch_compile_fullgraph(monkeypatch):
     assert all(p.grad is not None for p in fused.parameters())
 
 
+def test_fused_cvt_train_and_no_grad_torch_compile_fullgraph():
+    """Train mode (BatchNorm batch statistics, drop path 0.1 in stage 3 as _drop_path's one
+    multiply, from the same seed) and eval with autograd off (the dw_bn projections as one
+    dw_conv3x3_tokens call each) compile as one graph each and match the reference."""
+    torch._dynamo.reset()
+    ref = reference(seed=4, dtype=torch.float32)
+    fused = FusedCvT.from_reference(ref).train()
+    ref.train()
+    x = _input(2, 48, 64, dtype=torch.float32)
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(11)
+    y = compiled(x)
+    torch.manual_seed(11)
+    assert errors(y, ref(x))[0] < 1e-5
+    y.square().sum().backward()
+    assert all(p.grad is not None for p in fused.parameters())
+    fused.eval()
+    ref.eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert errors(torch.compile(fused, backend="aot_eager", fullgraph=True)(x), ref(x))[0] < 1e-5
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_fused_cvt_opt_in_paths_bfloat16_cpu(train, monkeypatch):
     for k, v in OPT_IN.items():
