@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, DropPath, LayerNorm, QuickGELU,
-                          VisionTransformer, layer_norm, quick_gelu)
+                          VisionTransformer, drop_path_mask, layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .linear import linear
 from .ops import conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows
@@ -575,8 +575,7 @@ def _drop_path(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if type(module) is not DropPath or not module.training or not p:
         return module(x)
     keep = 1 - p
-    mask = keep + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device)
-    mask.floor_()
+    mask = drop_path_mask(x, keep)
     return _ScaleSamples.apply(x, mask.to(torch.promote_types(x.dtype, torch.float32)) / keep)
 
 

@@ -69,15 +69,19 @@ def trunc_normal_(tensor: torch.Tensor, std: float = 1.0) -> torch.Tensor:
     return nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-2.0, b=2.0)
 
 
+def drop_path_mask(x: torch.Tensor, keep_prob: float) -> torch.Tensor:
+    """The per-sample keep mask (N, 1, ...) of 0s and 1s in x's dtype, drawn as timm 0.3.2 (CvT's
+    pinned version) draws it: floor(keep_prob + U[0, 1))."""
+    mask = keep_prob + torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), dtype=x.dtype, device=x.device)
+    return mask.floor_()
+
+
 def drop_path(x: torch.Tensor, drop_prob: float = 0.0, training: bool = False) -> torch.Tensor:
-    """Stochastic depth per sample, as timm 0.3.2 (CvT's pinned version) draws it."""
+    """Stochastic depth per sample, as timm 0.3.2 (CvT's pinned version) computes it."""
     if drop_prob == 0.0 or not training:
         return x
     keep_prob = 1 - drop_prob
-    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
-    random_tensor = keep_prob + torch.rand(shape, dtype=x.dtype, device=x.device)
-    random_tensor.floor_()
-    return x.div(keep_prob) * random_tensor
+    return x.div(keep_prob) * drop_path_mask(x, keep_prob)
 
 
 class DropPath(nn.Module):
@@ -390,5 +394,5 @@ def cvt_flops(spec: dict, h: int, w: int, num_classes: int = 1000, in_chans: int
 
 
 __all__ = ["CVT13_SPEC", "ConvolutionalVisionTransformer", "VisionTransformer", "Block", "Attention", "Mlp",
-           "ConvEmbed", "LayerNorm", "QuickGELU", "DropPath", "cvt13", "cvt_flops", "drop_path", "layer_norm",
-           "quick_gelu"]
+           "ConvEmbed", "LayerNorm", "QuickGELU", "DropPath", "cvt13", "cvt_flops", "drop_path", "drop_path_mask",
+           "layer_norm", "quick_gelu"]
