@@ -43,8 +43,7 @@ from .train_check import plot, train_losses
 # LN/SiLU fusion", "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias
 # in the q/k/v Linears; "dw bias after conv": the same with the bias added after the conv), or
 # turn on an opt-in one: stage 1's MLP as one FusedMLP kernel ("FusedMLP"), each MLP's fc1 with
-# its SiLU as one conv2d_fused kernel ("SiLU epilogue", inference), dw_conv3x3_tokens's tiled
-# kernel ("dw tiled", inference); in training, the Linears' bias gradients as ATen's column
+# its SiLU as one conv2d_fused kernel ("SiLU epilogue", inference); in training, the Linears' bias gradients as ATen's column
 # sums instead of GEMVs ("bias grad by sum", cutlass_ops/linear.py).
 FUSED_CVT_VARIANTS = {
     "FusedCvT unfused LN + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0"},
@@ -52,7 +51,6 @@ FUSED_CVT_VARIANTS = {
     "FusedCvT no LN/SiLU fusion + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT FusedMLP + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_MLP": "1"},
     "FusedCvT SiLU epilogue + CUDA graph": {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"},
-    "FusedCvT dw tiled + CUDA graph": {"CUTLASS_OPS_DW_CONV_TILED": "1"},
     "FusedCvT cuDNN dw convs + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
     "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},

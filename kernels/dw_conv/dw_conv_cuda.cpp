@@ -1,8 +1,5 @@
 // CUDA implementation of cutlass_ops::dw_conv3x3_tokens (kernel in dw_conv_kernel.cu): fp16 and
 // bf16, all projections in one launch; ATen's path (dw_conv_op.cpp) for other dtypes.
-#include <cstdlib>
-#include <string>
-
 #include "common/cuda_device.h"
 #include "dw_conv/dw_conv_kernel.h"
 #include "dw_conv/dw_conv_op.h"
@@ -17,13 +14,6 @@ Tensor rows_contiguous(Tensor const& t) {
 }
 long long image_stride(Tensor const& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1) * t.size(2); }
 
-// CUTLASS_OPS_DW_CONV_TILED=1: the tiled kernel where it applies (dw_conv_device.cuh), the
-// strip kernel otherwise.  Off until timed on a GPU (checked on the CPU emulator, bitwise the
-// strip kernel's numbers); read per call.
-bool tiled_enabled() {
-  char const* v = std::getenv("CUTLASS_OPS_DW_CONV_TILED");
-  return v != nullptr && std::string(v) == "1";
-}
 }  // namespace
 
 std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
@@ -63,7 +53,6 @@ std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w
     a.wo[j] = static_cast<int>(wo);
     a.y[j] = out.back().data_ptr();
   }
-  a.tiled = tiled_enabled();
   int dev = x.get_device_index();
   cudaError_t err = launch_dw_conv(a, multiprocessor_count(dev), current_cuda_stream(dev));
   CUTLASS_OPS_CHECK(err == cudaSuccess, "dw_conv3x3_tokens: kernel launch failed: ", cudaGetErrorString(err));

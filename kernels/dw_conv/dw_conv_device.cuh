@@ -156,102 +156,6 @@ __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwCo
   }
 }
 
-// ---- The tiled kernel: the fast path where it applies (dw_conv_tiled) --------------------------
-//
-// A CTA takes one image, a band of rows (dw_tile_rows) and kTileChannels channels:
-// it loads the band's input rows with their halo (rows r0 - 1 .. r0 + rows) into shared memory
-// with every thread's 16-byte loads in flight at once (the strip kernel, one column a step,
-// reached about 1 TB/s), then computes every projection's outputs centred in the band from
-// shared memory: each thread one 8-channel chunk (its weights read once per projection) and
-// every 32nd pixel.  Same arithmetic, in the same order, as the strip kernel.
-constexpr int kTileChannels = 64;                  // 8 chunks of 8: a pixel's 128 bytes
-constexpr int kTileChunks = kTileChannels / 8;
-constexpr int kTileBytes = 44 * 1024;              // static shared memory (48 KB at most)
-
-// Output rows (stride 1) per CTA band: as many as fit kTileBytes with the two halo rows, even
-// (so that stride-2 centres stay even), at most the map's; < 2: the map is too wide to tile.
-__host__ __device__ inline int dw_tile_rows(DwConvArgs const& a) {
-  const long long row_bytes = static_cast<long long>(a.w) * kTileChannels * 2;
-  int rows = static_cast<int>(kTileBytes / row_bytes) - 2;
-  rows &= ~1;
-  const int h_even = (a.h + 1) & ~1;
-  return rows < h_even ? rows : h_even;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) dw_conv_tiled_kernel(DwConvArgs a) {
-  static __shared__ uint4 tile[kTileBytes / 16];  // (rows + 2, w, kTileChunks) 16-byte chunks
-  const int band = dw_tile_rows(a);
-  const int bands = (a.h + band - 1) / band, slices = a.c / kTileChannels;
-  long long b = blockIdx.x;
-  const int slice = static_cast<int>(b % slices);
-  b /= slices;
-  const int r0 = static_cast<int>(b % bands) * band;  // the band's first row (even)
-  const long long img = b / bands;
-  const int c_base = slice * kTileChannels;
-  T const* image = static_cast<T const*>(a.x) + img * a.x_image_stride;
-  // (kThreads, not blockDim: the launch's block size, and the CPU emulator has no blockDim)
-  const int units = (band + 2) * a.w * kTileChunks;
-  for (int u = threadIdx.x; u < units; u += kThreads) {
-    const int ch = u % kTileChunks, pixel = u / kTileChunks, y = r0 - 1 + pixel / a.w;
-    uint4 v{0u, 0u, 0u, 0u};  // zero padding: 16-bit zeros are all-zero bits
-    if (y >= 0 && y < a.h)
-      v = *reinterpret_cast<uint4 const*>(image + (static_cast<long long>(y) * a.w + pixel % a.w) * a.c + c_base +
-                                          ch * 8);
-    tile[u] = v;
-  }
-  const int ch = threadIdx.x % kTileChunks, group = threadIdx.x / kTileChunks;
-  constexpr int kGroups = kThreads / kTileChunks;
-  const int c0 = c_base + ch * 8;
-  if (r0 == 0) {  // the first band copies the lead rows into every output
-    for (int r = group; r < a.lead; r += kGroups) {
-      HalfChunk<T, 8> v;
-      v.load(static_cast<T const*>(a.lead_tokens) + img * a.lead_image_stride + static_cast<long long>(r) * a.c + c0);
-      for (int j = 0; j < a.projections; ++j) {
-        const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
-        v.store(static_cast<T*>(a.y[j]) + (img * out_rows + r) * a.c + c0);
-      }
-    }
-  }
-  __syncthreads();
-  const int rows_here = a.h - r0 < band ? a.h - r0 : band;
-  for (int j = 0; j < a.projections; ++j) {
-    const int stride = a.stride[j];
-    const int out_h = stride == 1 ? rows_here : (rows_here + 1) / 2, out_w = stride == 1 ? a.w : a.wo[j];
-    const Taps<T, 8, true> w(a, (static_cast<long long>(j) * a.c + c0) * 9);
-    float bias[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      bias[e] = a.bias ? load_param<T>(a.bias, static_cast<long long>(j) * a.c + c0 + e, false) : 0.0f;
-    const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
-    T* out = static_cast<T*>(a.y[j]) + (img * out_rows + a.lead + static_cast<long long>(r0 / stride) * a.wo[j]) * a.c + c0;
-    for (int p = group; p < out_h * out_w; p += kGroups) {
-      const int oy = p / out_w, ox = p % out_w;
-      const int cy = oy * stride, cx = ox * stride;  // the centre: band row cy (tile row cy + 1), column cx
-      float acc[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = bias[e];
-#pragma unroll
-      for (int ky = 0; ky < 3; ++ky) {
-#pragma unroll
-        for (int kx = 0; kx < 3; ++kx) {
-          const int col = cx - 1 + kx;
-          HalfChunk<T, 8> v;
-          if (col < 0 || col >= a.w) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v.v[e] = from_float<T>(0.0f);
-          } else {
-            *reinterpret_cast<uint4*>(v.v) = tile[((cy + ky) * a.w + col) * kTileChunks + ch];
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += to_float(v.v[e]) * w(e * 9 + ky * 3 + kx);
-        }
-      }
-      store_floats<8>(out + (static_cast<long long>(oy) * a.wo[j] + ox) * a.c, acc);
-    }
-  }
-}
-
 // 16-byte chunks where the channels and every pointer allow it.
 inline int dw_conv_vec(DwConvArgs const& a) {
   bool ok = a.c % 8 == 0 && a.x_image_stride % 8 == 0 && aligned16(a.x) &&
@@ -265,19 +169,6 @@ inline int dw_conv_vec(DwConvArgs const& a) {
 // Whether the weights are read as 16-byte chunks and kept 16-bit (Taps): 16-bit parameters and
 // 16-byte accesses.
 inline bool dw_conv_packed(DwConvArgs const& a, int vec) { return vec == 8 && !a.params_f32; }
-
-// Whether the tiled kernel takes the call: allowed (a.tiled), 16-bit weights and 16-byte
-// accesses (packed), channels in slices of kTileChannels, a band of at least 2 rows fits
-// kTileBytes.
-inline bool dw_conv_tiled(DwConvArgs const& a, int vec) {
-  return a.tiled && dw_conv_packed(a, vec) && a.c % kTileChannels == 0 && dw_tile_rows(a) >= 2;
-}
-
-// The tiled kernel's CTAs: one per (image, band, channel slice).
-inline long long dw_conv_tiled_ctas(DwConvArgs const& a) {
-  const int band = dw_tile_rows(a);
-  return a.n * ((a.h + band - 1) / band) * (a.c / kTileChannels);
-}
 
 // CTAs for the launch: one thread per item, grid-stride beyond `cap` CTAs.
 inline long long dw_conv_ctas(DwConvArgs const& a, int vec, long long cap) {

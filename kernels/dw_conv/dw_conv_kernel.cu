@@ -8,13 +8,6 @@ namespace dw_conv {
 template <typename T>
 static cudaError_t launch_typed(DwConvArgs const& a, int num_sms, cudaStream_t stream) {
   const int vec = dw_conv_vec(a);
-  if (dw_conv_tiled(a, vec)) {
-    const long long ctas = dw_conv_tiled_ctas(a);
-    if (ctas <= INT32_MAX) {
-      dw_conv_tiled_kernel<T><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(a);
-      return cudaGetLastError();
-    }
-  }
   const int grid = static_cast<int>(dw_conv_ctas(a, vec, 32LL * num_sms));
   if (dw_conv_packed(a, vec))
     dw_conv_kernel<T, 8, true><<<grid, kThreads, 0, stream>>>(a);

@@ -37,8 +37,6 @@ struct DwConvArgs {
   void const* lead_tokens;     // (n, lead, c), rows contiguous, or null when lead == 0
   long long lead_image_stride;  // elements from one image's lead rows to the next's
   void* y[kMaxProjections];     // (n, lead + ho*wo, c) each
-  bool tiled = false;           // the launcher may run the tiled kernel where it applies
-                                // (dw_conv_tiled; the caller decides: CUTLASS_OPS_DW_CONV_TILED)
 };
 
 // Returns the launch's cudaError.

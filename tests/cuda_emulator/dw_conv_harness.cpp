@@ -5,14 +5,13 @@
 
 using namespace cutlass_ops::dw_conv;
 
-// Returns 0, 1 on a deadlock; vec_out: the vector width used, tiled_out: whether the tiled
-// kernel ran (it does where the launcher would run it, unless allow_tiled is 0).  strides and
-// y: `projections` entries each.  grid 0: the strip kernel's launcher count for a GPU of 2 SMs
+// Returns 0, 1 on a deadlock; vec_out: the vector width used.  strides and y: `projections`
+// entries each.  grid 0: the strip kernel's launcher count for a GPU of 2 SMs
 // (so that threads loop over several rows).
 extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int projections, const int* strides, int lead,
                            const void* x, long long x_image_stride, const void* weight, const void* bias,
                            int params_f32, const void* lead_tokens, long long lead_image_stride, void* const* y,
-                           unsigned grid, unsigned seed, int allow_tiled, int* vec_out, int* tiled_out) {
+                           unsigned grid, unsigned seed, int* vec_out) {
   DwConvArgs a{};
   a.dtype = bf16 ? DType::kBF16 : DType::kF16;
   a.n = n;
@@ -37,16 +36,6 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int proje
   const int vec = dw_conv_vec(a);
   *vec_out = vec;
   static unsigned char no_smem[16];
-  a.tiled = allow_tiled != 0;
-  const bool tiled = dw_conv_tiled(a, vec);
-  *tiled_out = tiled;
-  if (tiled) {
-    auto body = [&] {
-      if (bf16) dw_conv_tiled_kernel<__nv_bfloat16>(a); else dw_conv_tiled_kernel<__half>(a);
-    };
-    return cuda_emu::launch(body, static_cast<unsigned>(dw_conv_tiled_ctas(a)), kThreads, no_smem, sizeof(no_smem),
-                            seed) ? 0 : 1;
-  }
   if (grid == 0) grid = static_cast<unsigned>(dw_conv_ctas(a, vec, 2 * 32));
   const bool packed = dw_conv_packed(a, vec);
   auto body = [&] {
