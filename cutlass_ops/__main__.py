@@ -37,6 +37,7 @@ def cmd_info(args) -> int:
     info["conv2d_backward_kernels"] = {f"sm{family}": len(cutlass_ops.ops.conv2d_backward_kernels(family))
                                        for family in (80, 90)}
     info["conv2d_b2b_kernels"] = len(cutlass_ops.ops.conv2d_b2b_kernels())  # family 80 only
+    info["linear_silu_kernels"] = len(cutlass_ops.ops.linear_silu_kernels())  # family 90 only
     info["gpus_this_build_cannot_run"] = unsupported_gpus()
     print(json.dumps(info, indent=2))
     return 0

@@ -388,3 +388,37 @@ def _ln_backward(ctx, grad_y, grad_s, grad_mean, grad_rstd):
 
 
 torch.library.register_autograd("cutlass_ops::layer_norm_rows", _ln_backward, setup_context=_ln_setup)
+
+
+# ---- linear_silu: y = silu(alpha * (x @ weight^T + bias)) -------------------------------------
+
+def _linear_silu_setup(ctx, inputs, output):
+    x, weight, bias, alpha = inputs
+    ctx.alpha = alpha
+    ctx.save_for_backward(x, weight, bias)
+
+
+def _linear_silu_backward(ctx, grad_y):
+    """The pre-activation z = alpha (x W^T + b) recomputed by ATen in float32 (float64 for
+    float64), then g = alpha grad_y silu'(z): grad_x = g W, grad_W = g^T x, grad_bias = sum g."""
+    x, weight, bias = ctx.saved_tensors
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x2 = x.reshape(-1, x.shape[-1]).to(ct)
+    w = weight.to(ct)
+    z = x2 @ w.t()
+    if bias is not None:
+        z = z + bias.to(ct)
+    z = ctx.alpha * z
+    s = torch.sigmoid(z)
+    g = ctx.alpha * grad_y.reshape(-1, weight.shape[0]).to(ct) * (s * (1 + z * (1 - s)))
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = (g @ w).reshape(x.shape).to(x.dtype)
+    if ctx.needs_input_grad[1]:
+        grad_w = (g.t() @ x2).to(weight.dtype)
+    if bias is not None and ctx.needs_input_grad[2]:
+        grad_b = g.sum(0).to(bias.dtype)
+    return grad_x, grad_w, grad_b, None
+
+
+torch.library.register_autograd("cutlass_ops::linear_silu", _linear_silu_backward, setup_context=_linear_silu_setup)

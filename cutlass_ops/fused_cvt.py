@@ -37,6 +37,12 @@ only the forward differs.  What runs where, per forward:
   map read once, in place behind stage 3's cls row, the cls token written in front of each
   output.  H200, N=64, CUDA graph: forward 3.793 -> 3.361 ms (docs/results/cvt_h200_session13/).
 
+  each MLP's fc1 and its SiLU on an sm90 GPU with autograd off (CUTLASS_OPS_CVT_LINEAR_SILU=0
+  turns it off): one ``linear_silu`` kernel (kernels/linear_silu: CUTLASS's sm90 GEMM with
+  silu(1.702 (acc + b1)) in its epilogue), where cuBLAS wrote the pre-activation and F.silu read
+  and wrote it again.  H100, one process: forward N=64 3.582 -> 3.205 ms, N=256 12.859 ->
+  11.526 (docs/results/cvt_h100_session14/).
+
   opt-in, CUTLASS_OPS_CVT_SILU_EPILOGUE=1 (autograd off): each MLP's fc1 and its SiLU as one
   conv2d_fused kernel (SiLU in its epilogue); off by default, slower than cuBLAS + SiLU here
   (silu_epilogue_enabled).
@@ -48,7 +54,7 @@ only the forward differs.  What runs where, per forward:
       NHWC map; eval mode (under autograd, or =0 above): the folded conv, its bias moved into
       the q/k/v Linear's (dw_bias_in_linear_enabled); train mode: the real ``nn.BatchNorm2d``
       after the conv (batch statistics, running statistics updated).
-    - the q/k/v/out linears, the MLP linears (cuBLAS through ``cutlass_ops.linear.linear``, whose
+    - the q/k/v/out linears, the MLP linears (fc1 under autograd or off sm90; cuBLAS through ``cutlass_ops.linear.linear``, whose
       backward takes the bias gradient as a GEMV with ones: ATen's column sums took 2.2 ms of
       the H200's N=64 training step; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
       MLPs no wider than 256, i.e. stage 1's, as one FusedMLP kernel, which the H200 run timed
@@ -78,7 +84,8 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Drop
                           VisionTransformer, drop_path_mask, layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .linear import linear
-from .ops import conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows
+from .ops import (conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows, linear_silu,
+                  linear_silu_kernels)
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
@@ -143,6 +150,35 @@ def silu_epilogue_can_run(mlp, h: torch.Tensor) -> bool:
     w = mlp.fc1.weight
     return (silu_epilogue_enabled() and h.is_cuda and h.dim() == 3 and h.dtype in (torch.float16, torch.bfloat16)
             and w.dtype == h.dtype and not torch.is_grad_enabled() and w.shape[0] % 8 == 0 and w.shape[1] % 8 == 0)
+
+
+def linear_silu_enabled() -> bool:
+    """CUTLASS_OPS_CVT_LINEAR_SILU (default on; autograd off): each MLP's fc1 and its SiLU
+    (QuickGELU, silu_mlp_enabled) as one ``linear_silu`` kernel (kernels/linear_silu: CUTLASS's
+    sm90 GEMM with silu(1.702 (acc + b1)) in its epilogue, b1 fc1's own bias) where this build
+    holds one for the GPU and dtype, instead of 1.702 b1 (a small kernel), cuBLAS's GEMM and a
+    SiLU pass over the widest activation.
+    =0 turns it off; read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_LINEAR_SILU", "1") != "0"
+
+
+_LINEAR_SILU_BUILT: dict = {}
+
+
+def linear_silu_can_run(mlp, h: torch.Tensor) -> bool:
+    """Whether FusedCvT._silu_mlp takes this MLP's fc1 as one linear_silu kernel: switched on,
+    autograd off (its backward recomputes with ATen), 16-bit tokens on an sm90 GPU in the
+    weights' dtype, widths multiples of 8, and a kernel of that dtype in this build."""
+    w = mlp.fc1.weight
+    if not (linear_silu_enabled() and h.is_cuda and not torch.is_grad_enabled() and w.dtype == h.dtype
+            and h.dtype in (torch.float16, torch.bfloat16) and w.shape[0] % 8 == 0 and w.shape[1] % 8 == 0):
+        return False
+    key = (h.device, h.dtype)
+    if key not in _LINEAR_SILU_BUILT:
+        dtype = str(h.dtype).removeprefix("torch.")
+        _LINEAR_SILU_BUILT[key] = (torch.cuda.get_device_capability(h.device) == (9, 0)
+                                   and any(name.endswith(f"({dtype})") for name in linear_silu_kernels()))
+    return _LINEAR_SILU_BUILT[key]
 
 
 _CONSTANTS: dict = {}
@@ -372,8 +408,11 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def _silu_mlp(mlp, h: torch.Tensor) -> torch.Tensor:
         if silu_epilogue_can_run(mlp, h):
             y = FusedCvT._fc1_silu_epilogue(mlp.fc1, h)
-            return mlp.drop(linear(mlp.drop(y), mlp.fc2.weight, mlp.fc2.bias, alpha=1 / QUICK_GELU_SCALE))
-        return FusedCvT._silu_mlp_aten(mlp, h)
+        elif linear_silu_can_run(mlp, h):
+            y = linear_silu(h, mlp.fc1.weight, mlp.fc1.bias, QUICK_GELU_SCALE)
+        else:
+            return FusedCvT._silu_mlp_aten(mlp, h)
+        return mlp.drop(linear(mlp.drop(y), mlp.fc2.weight, mlp.fc2.bias, alpha=1 / QUICK_GELU_SCALE))
 
     @staticmethod
     def _fc1_silu_epilogue(fc1: nn.Linear, h: torch.Tensor) -> torch.Tensor:

@@ -446,3 +446,30 @@ def _dw_conv3x3_tokens_fake(x, h, w, weight, bias, strides, lead):
     lead_rows = lead.shape[1] if lead is not None else 0
     return [x.new_empty((x.shape[0], lead_rows + ((h - 1) // s + 1) * ((w - 1) // s + 1), x.shape[2]))
             for s in strides]
+
+
+def linear_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                alpha: float = 1.0) -> torch.Tensor:
+    """silu(alpha * (x @ weight^T + bias)): x (..., K), weight (N, K), bias (N,) or None
+    -> (..., N) in x's dtype.  On an sm90 GPU (H100/H200) in fp16/bf16 with K and N multiples
+    of 8, one generated CUTLASS GEMM whose epilogue adds the bias (read in x's dtype), scales
+    and applies the SiLU in float32 and rounds once (``linear_silu_kernels()``); elsewhere
+    ATen in float32 (float64 for float64): correct, slower than cuBLAS + F.silu.
+    Differentiable (the backward recomputes the pre-activation with ATen).  CvT's QuickGELU
+    after fc1, z sigmoid(1.702 z), is silu(1.702 z) / 1.702: alpha 1.702 and fc1's own bias,
+    the 1/1.702 going into fc2 (FusedCvT._silu_mlp)."""
+    _check_devices("linear_silu", ("x", x), ("weight", weight), ("bias", bias))
+    return torch.ops.cutlass_ops.linear_silu(x, weight, bias, float(alpha))
+
+
+def linear_silu_kernels() -> list[str]:
+    """The fused linear_silu kernels this build compiled, "<name> (<dtype>)" (none in a build
+    without arch 90 or a CPU-only one)."""
+    if not hasattr(torch.ops.cutlass_ops, "linear_silu_kernels"):  # registered by CUDA builds only
+        return []
+    return list(torch.ops.cutlass_ops.linear_silu_kernels())
+
+
+@torch.library.register_fake("cutlass_ops::linear_silu")
+def _linear_silu_fake(x, weight, bias, alpha):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -39,18 +39,21 @@ from .train_check import plot, train_losses
 # FusedCvT's switchable paths (fused_cvt.py), by the switches set while its CUDA graph is
 # captured: the default fuses the LayerNorms (layer_norm_rows), runs QuickGELU as one SiLU and
 # (eval, autograd off) each attention's three dw_bn projections as one dw_conv3x3_tokens kernel
-# (all timed faster on the H200); the variants turn one off ("unfused LN", "QuickGELU", "no
-# LN/SiLU fusion", "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias
-# in the q/k/v Linears; "dw bias after conv": the same with the bias added after the conv), or
-# turn on an opt-in one: stage 1's MLP as one FusedMLP kernel ("FusedMLP"), each MLP's fc1 with
-# its SiLU as one conv2d_fused kernel ("SiLU epilogue", inference); in training, the Linears' bias gradients as ATen's column
-# sums instead of GEMVs ("bias grad by sum", cutlass_ops/linear.py).
+# and (eval, autograd off, sm90) each MLP's fc1 with its SiLU as one linear_silu kernel (all
+# timed faster); the variants turn one off ("unfused LN", "QuickGELU", "no LN/SiLU fusion",
+# "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias in the q/k/v
+# Linears; "dw bias after conv": the same with the bias added after the conv; "cuBLAS fc1":
+# cuBLAS's fc1 and a SiLU pass), or turn on an opt-in one: stage 1's MLP as one FusedMLP kernel
+# ("FusedMLP"), each MLP's fc1 with its SiLU as one conv2d_fused kernel ("SiLU epilogue",
+# inference); in training, the Linears' bias gradients as ATen's column sums instead of GEMVs
+# ("bias grad by sum", cutlass_ops/linear.py).
 FUSED_CVT_VARIANTS = {
     "FusedCvT unfused LN + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0"},
     "FusedCvT QuickGELU + CUDA graph": {"CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT no LN/SiLU fusion + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0"},
     "FusedCvT FusedMLP + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_MLP": "1"},
     "FusedCvT SiLU epilogue + CUDA graph": {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"},
+    "FusedCvT cuBLAS fc1 + CUDA graph": {"CUTLASS_OPS_CVT_LINEAR_SILU": "0"},
     "FusedCvT cuDNN dw convs + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
     "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},

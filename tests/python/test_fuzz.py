@@ -673,6 +673,30 @@ def run_dw_conv3x3_tokens(c, device):
     return None
 
 
+def draw_linear_silu(rng):
+    return dict(rows=rng.choice([0, 1, rng.randint(1, 300), rng.randint(300, 5000)]), k=_dims(rng, hi=512),
+                n=_dims(rng, hi=640), bias=rng.random() < 0.85, alpha=rng.choice([1.0, 1.702, rng.uniform(-3, 3)]),
+                x_layout=rng.choice(["nchw", "offset"]), dtype=str(_dtype(rng))[6:], special=_special(rng),
+                seed=rng.randrange(2**31))
+
+
+def run_linear_silu(c, device):
+    """silu(alpha (x W^T + b)) against float64 and PyTorch's own (cuBLAS/ATen Linear, SiLU) in
+    the dtype; x contiguous or 1-7 elements into its storage (the ATen path)."""
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    x = make((c["rows"], c["k"]), dtype, device, c["x_layout"], g, special=c["special"])
+    w = (torch.randn(c["n"], c["k"], generator=g) / c["k"] ** 0.5).to(device, dtype)
+    b = torch.randn(c["n"], generator=g).to(device, dtype) if c["bias"] else None
+    y = ops.linear_silu(x, w, b, c["alpha"])
+    ref = F.silu(c["alpha"] * F.linear(d64(x), d64(w), d64(b)))
+    own = _own(lambda xx, ww, bb: F.silu(c["alpha"] * F.linear(xx, ww, bb)), dtype, "cpu", x.cpu(), w.cpu(),
+               None if b is None else b.cpu())
+    fail = compare("y", y, ref, own, dtype)
+    if not fail and (y.dtype != dtype or y.device != x.device):
+        fail = f"y: {y.dtype} on {y.device}"
+    return fail
+
+
 def make_like(vals, dtype, device, layout, g):
     """`vals` (float64, CPU) as a tensor of `dtype` on `device` in `layout` (see make)."""
     t = make(vals.shape, dtype, "cpu", layout, g)
@@ -705,6 +729,7 @@ OPS = {
     "fused_mlp": (draw_fused_mlp, run_fused_mlp),
     "layer_norm_rows": (draw_layer_norm_rows, run_layer_norm_rows),
     "dw_conv3x3_tokens": (draw_dw_conv3x3_tokens, run_dw_conv3x3_tokens),
+    "linear_silu": (draw_linear_silu, run_linear_silu),
 }
 
 
