@@ -422,3 +422,49 @@ def _linear_silu_backward(ctx, grad_y):
 
 
 torch.library.register_autograd("cutlass_ops::linear_silu", _linear_silu_backward, setup_context=_linear_silu_setup)
+
+
+# ---- dw_conv3x3_tokens: depthwise 3x3 convs on a token map, lead rows in front ----------------
+
+def _dw_tokens_setup(ctx, inputs, output):
+    x, h, w, weight, bias, strides, lead = inputs
+    ctx.geometry = (h, w, list(strides), 0 if lead is None else lead.shape[1])
+    ctx.has_bias, ctx.has_lead = bias is not None, lead is not None
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(x, weight)
+
+
+def _dw_tokens_backward(ctx, grads):
+    """grad_x: one dw_conv3x3_tokens_backward_input kernel for all the convs (fp16/bf16 on CUDA);
+    grad_weight: ATen's depthwise wgrad (cuDNN on CUDA) per conv on the NHWC map; grad_bias: each
+    output's conv rows summed in float32; grad_lead: the lead rows' gradients summed over the
+    outputs."""
+    x, weight = ctx.saved_tensors
+    h, w, strides, lead = ctx.geometry
+    n, _, c = x.shape
+    convs = [g[:, lead:] for g in grads]
+    grad_x = grad_w = grad_b = grad_lead = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.cutlass_ops.dw_conv3x3_tokens_backward_input(convs, h, w, weight, strides)
+    if ctx.needs_input_grad[3]:
+        m = x.reshape(n, h, w, c)
+        m = (m if m.is_contiguous() else m.contiguous()).permute(0, 3, 1, 2)  # NHWC memory, NCHW view
+        parts = []
+        for j, (g, s) in enumerate(zip(convs, strides)):
+            ho, wo = (h - 1) // s + 1, (w - 1) // s + 1
+            gm = g.reshape(n, ho, wo, c)
+            gm = (gm if gm.is_contiguous() else gm.contiguous()).permute(0, 3, 1, 2)
+            # convolution_backward(grad, input, weight, bias_sizes, stride, padding, dilation,
+            # transposed, output_padding, groups, output_mask): the weight's gradient only
+            parts.append(torch.ops.aten.convolution_backward(
+                gm, m, weight[j].to(x.dtype), None, [s, s], [1, 1], [1, 1], False, [0, 0], c,
+                [False, True, False])[1])
+        grad_w = torch.stack(parts).to(weight.dtype)
+    if ctx.has_bias and ctx.needs_input_grad[4]:
+        grad_b = torch.stack([g.sum((0, 1), dtype=torch.float32) for g in convs]).to(ctx.bias_dtype)
+    if ctx.has_lead and ctx.needs_input_grad[6]:
+        grad_lead = sum(g[:, :lead] for g in grads)
+    return grad_x, None, None, grad_w, grad_b, None, grad_lead
+
+
+torch.library.register_autograd("cutlass_ops::dw_conv3x3_tokens", _dw_tokens_backward, setup_context=_dw_tokens_setup)

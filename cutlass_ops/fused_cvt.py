@@ -121,13 +121,16 @@ def dw_bias_in_linear_enabled() -> bool:
 
 
 def dw_tokens_enabled() -> bool:
-    """CUTLASS_OPS_CVT_DW_TOKENS (default on; eval mode, autograd off): each attention's three
-    dw_bn projections as one ``dw_conv3x3_tokens`` kernel (kernels/dw_conv): the folded
+    """CUTLASS_OPS_CVT_DW_TOKENS (default on): in eval mode with autograd off, each attention's
+    three dw_bn projections as one ``dw_conv3x3_tokens`` kernel (kernels/dw_conv): the folded
     depthwise convs with their biases from one read of the token map (stage 3's read in place
     behind the cls row), the cls token written in front of each output, where =0 runs cuDNN's
     depthwise conv per projection, a contiguous copy of stage 3's map and three concatenations
-    behind the cls row.  H200, N=64, fp16, CUDA graph, one process: forward 3.793 -> 3.361 ms
-    (docs/results/cvt_h200_session13/); read per forward."""
+    behind the cls row (H200, N=64, fp16, CUDA graph, one process: forward 3.793 -> 3.361 ms,
+    docs/results/cvt_h200_session13/).  In training on CUDA, the three convs (no bias) as one
+    dw_conv3x3_tokens call before each real BatchNorm, their input gradients in one
+    ``dw_conv3x3_tokens_backward_input`` kernel where cuDNN ran a dgrad per projection and
+    autograd added the three.  Read per forward."""
     return os.environ.get("CUTLASS_OPS_CVT_DW_TOKENS", "1") != "0"
 
 
@@ -561,6 +564,18 @@ class FusedCvT(ConvolutionalVisionTransformer):
                 wt, bias = (torch.stack(t) for t in zip(*(folds[id(p)] if id(p) in folds else self._folded_dw_bn(p)
                                                           for p in projs)))
             parts = [(z, None) for z in dw_conv3x3_tokens(x, h, w, wt, bias, [p.conv.stride[0] for p in projs], lead)]
+        elif dw_tokens_enabled() and x.is_cuda and all(_dw_tokens_train_can_run(p) for p in projs):
+            # training: the three convs from one read (in place behind stage 3's cls row) and, in
+            # the backward, their input gradients in one kernel; then each real BatchNorm
+            strides = [p.conv.stride[0] for p in projs]
+            convs = dw_conv3x3_tokens(x, h, w, torch.stack([p.conv.weight for p in projs]), None, strides, None)
+            parts = []
+            for p, z, s in zip(projs, convs, strides):
+                ho, wo = (h - 1) // s + 1, (w - 1) // s + 1
+                y = p.bn(z.view(n, ho, wo, c).permute(0, 3, 1, 2))  # NHWC memory: BN's channels-last kernels
+                parts.append((y.permute(0, 2, 3, 1).reshape(n, ho * wo, c), None))
+            if attn.with_cls_token:
+                parts = [(torch.cat((cls_token.to(z.dtype), _contiguous_grad(z)), dim=1), None) for z, _ in parts]
         else:
             m = x.reshape(n, h, w, c)
             if not m.is_contiguous():
@@ -636,14 +651,26 @@ class _ScaleSamples(torch.autograd.Function):
         return torch.mul(grad, scale, out=torch.empty_like(grad)), None
 
 
+def _dw_conv_fits(conv: nn.Module) -> bool:
+    """A depthwise 3x3 conv with padding 1, no bias and the same stride 1 or 2 both ways (CvT's):
+    what dw_conv3x3_tokens computes."""
+    return (conv is not None and conv.kernel_size == (3, 3) and conv.padding == (1, 1) and conv.dilation == (1, 1)
+            and conv.stride[0] == conv.stride[1] and conv.stride[0] in (1, 2)
+            and conv.groups == conv.in_channels == conv.out_channels and conv.bias is None)
+
+
 def _dw_tokens_can_run(proj: nn.Module) -> bool:
-    """Whether dw_conv3x3_tokens computes this dw_bn projection: eval-mode BatchNorm, a depthwise
-    3x3 conv with padding 1 and the same stride 1 or 2 both ways (CvT's)."""
-    conv, bn = getattr(proj, "conv", None), getattr(proj, "bn", None)
-    return (bn is not None and not bn.training and bn.running_mean is not None and conv.kernel_size == (3, 3)
-            and conv.padding == (1, 1) and conv.dilation == (1, 1) and conv.stride[0] == conv.stride[1]
-            and conv.stride[0] in (1, 2) and conv.groups == conv.in_channels == conv.out_channels
-            and conv.bias is None)
+    """Whether dw_conv3x3_tokens computes this dw_bn projection with its BatchNorm folded in:
+    eval-mode BatchNorm with running statistics, a conv that fits (_dw_conv_fits)."""
+    bn = getattr(proj, "bn", None)
+    return bn is not None and not bn.training and bn.running_mean is not None and _dw_conv_fits(getattr(proj, "conv", None))
+
+
+def _dw_tokens_train_can_run(proj: nn.Module) -> bool:
+    """Whether FusedCvT's training path runs this dw_bn projection's conv as dw_conv3x3_tokens
+    (its BatchNorm after it): train-mode BatchNorm, a conv that fits (_dw_conv_fits)."""
+    bn = getattr(proj, "bn", None)
+    return isinstance(bn, nn.BatchNorm2d) and bn.training and _dw_conv_fits(getattr(proj, "conv", None))
 
 
 class _ContiguousGrad(torch.autograd.Function):

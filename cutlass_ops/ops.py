@@ -434,11 +434,28 @@ def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bia
     cls token; none: L = 0).  x and lead may be views of one token tensor (images apart, rows
     contiguous): read in place.  One CUDA kernel for all the convs in fp16/bf16 (the map read
     once; float32 arithmetic; weight and bias read in x's dtype or float32), ATen's conv
-    otherwise.  Inference only: not differentiable (FusedCvT calls it with autograd off)."""
+    otherwise.  Differentiable: the input gradient of all the convs in one
+    ``dw_conv3x3_tokens_backward_input`` kernel (fp16/bf16 on CUDA), the weights' by cuDNN's
+    depthwise wgrad per conv, the biases' and the lead rows' by sums."""
     _check_devices("dw_conv3x3_tokens", ("x", x), ("weight", weight), ("bias", bias), ("lead", lead))
     if isinstance(strides, int):
         raise TypeError("dw_conv3x3_tokens: strides must be a list (one stride per conv), e.g. [1, 2, 2]")
     return torch.ops.cutlass_ops.dw_conv3x3_tokens(x, int(h), int(w), weight, bias, [int(s) for s in strides], lead)
+
+
+def dw_conv3x3_tokens_backward_input(grad_y: Sequence[torch.Tensor], h: int, w: int, weight: torch.Tensor,
+                                     strides: Sequence[int]) -> torch.Tensor:
+    """The input gradient of dw_conv3x3_tokens's convs: grad_y[j] (N, Ho_j*Wo_j, C), the
+    gradients of output j's conv rows (images may be apart: slices behind lead rows) -> grad_x
+    (N, h*w, C), the sum over the convs of each one's transposed conv, written once.  One CUDA
+    kernel for fp16/bf16 (float32 sums), ATen's conv_transpose2d otherwise."""
+    return torch.ops.cutlass_ops.dw_conv3x3_tokens_backward_input(list(grad_y), int(h), int(w), weight,
+                                                                  [int(s) for s in strides])
+
+
+@torch.library.register_fake("cutlass_ops::dw_conv3x3_tokens_backward_input")
+def _dw_conv3x3_tokens_backward_input_fake(grad_y, h, w, weight, strides):
+    return grad_y[0].new_empty((grad_y[0].shape[0], h * w, grad_y[0].shape[2]))
 
 
 @torch.library.register_fake("cutlass_ops::dw_conv3x3_tokens")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Compile-only check of the Hopper-native (family 90: CUTLASS 3.x, TMA + wgmma, sm_90a)
-# conv2d_fused instances, with the CUDA 13 toolkit the build uses: generates the instance set
-# (default: the `ci` set, one stock and one persistent fp16 kernel; SM90_KERNELS=all for every
-# default tile), compiles
+# conv2d_fused and linear_silu instances, with the CUDA 13 toolkit the build uses: generates the instance set
+# (default: the `ci` set, one stock and one persistent fp16 conv kernel and a linear_silu kernel
+# per dtype; SM90_KERNELS=all for every default tile), compiles
 # each for sm_90a exactly as CMake does, and prints its compile time and ptxas's register and
 # spill counts, and the kernel's dynamic shared memory (Kernel::SharedStorageSize, printed by a
 # deprecation warning).  Nothing runs; no GPU needed.  Fails when an instance does not compile,
@@ -37,9 +37,12 @@ compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $
   local cu=$1 name start usage smem ns entry
   name=$(basename "$cu" .cu)
   start=$SECONDS
-  # conv2d_fused instances launch conv2d_fused_sm90_kernel; dgrad/wgrad cutlass::device_kernel.
+  # conv2d_fused instances launch conv2d_fused_sm90_kernel; dgrad/wgrad and linear_silu
+  # cutlass::device_kernel; linear_silu names its configuration <name>_config.
+  local config=_base
   case "$name" in
     cutlass_ops_conv2d_dgrad_*|cutlass_ops_conv2d_wgrad_*) ns=conv2d_backward entry="device_kernel" ;;
+    cutlass_ops_linear_silu_*) ns=linear_silu entry="device_kernel" config=_config ;;
     *) ns=conv2d_fused entry="conv2d_fused_sm90_kernel" ;;
   esac
   # The instance plus a deprecated function template instantiated with the kernel's shared
@@ -48,7 +51,7 @@ compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $
     echo "#include \"$cu\""
     echo "template <int N> [[deprecated]] constexpr int smem_bytes() { return N; }"
     echo "static int const kSmemBytes ="
-    echo "    smem_bytes<cutlass_ops::${ns}::${name}_base::Kernel::SharedStorageSize>();"
+    echo "    smem_bytes<cutlass_ops::${ns}::${name}${config}::Kernel::SharedStorageSize>();"
   } > "$OUT/$name.check.cu"
   # The flags of CMakeLists.txt's family-90 object library (cmake/CudaArchs.cmake).
   if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \

@@ -59,9 +59,47 @@ std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w
   return out;
 }
 
+Tensor dw_conv3x3_tokens_backward_input_cuda(std::vector<Tensor> const& grad_y, int64_t h, int64_t w,
+                                             Tensor const& weight, IntArrayRef strides) {
+  auto const sizes = check_backward_inputs(grad_y, h, w, weight, strides);
+  ScalarType const dtype = grad_y[0].scalar_type();
+  if (dtype != kHalf && dtype != kBFloat16) return dw_conv3x3_tokens_backward_input_aten(grad_y, h, w, weight, strides);
+  int const dev = grad_y[0].get_device_index();
+  DeviceGuard guard(dev);
+  int64_t const n = grad_y[0].size(0), c = grad_y[0].size(2);
+  CUTLASS_OPS_CHECK_VALUE(c <= INT32_MAX && h * w <= INT32_MAX, "dw_conv3x3_tokens_backward_input: sizes past int32");
+  KernelParams const p = kernel_params(weight, std::nullopt, dtype);  // a 16-bit model's own weight as it is
+  std::vector<Tensor> gc;
+  DwConvBackwardArgs a{};
+  a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
+  a.n = n;
+  a.h = static_cast<int>(h);
+  a.w = static_cast<int>(w);
+  a.c = static_cast<int>(c);
+  a.projections = static_cast<int>(sizes.size());
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    gc.push_back(rows_contiguous(grad_y[j]));
+    a.stride[j] = static_cast<int>(strides[j]);
+    a.ho[j] = static_cast<int>(sizes[j].first);
+    a.wo[j] = static_cast<int>(sizes[j].second);
+    a.grad_y[j] = gc.back().data_ptr();
+    a.grad_image_stride[j] = image_stride(gc.back());
+  }
+  a.weight = p.weight.data_ptr();
+  a.params_f32 = p.f32;
+  Tensor grad_x = empty({n, h * w, c}, dtype, grad_y[0].device());
+  a.grad_x = grad_x.data_ptr();
+  cudaError_t err = launch_dw_conv_backward_input(a, multiprocessor_count(dev), current_cuda_stream(dev));
+  CUTLASS_OPS_CHECK(err == cudaSuccess, "dw_conv3x3_tokens_backward_input: kernel launch failed: ",
+                    cudaGetErrorString(err));
+  return grad_x;
+}
+
 }  // namespace dw_conv
 }  // namespace cutlass_ops
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_cuda));
+  m.impl("dw_conv3x3_tokens_backward_input",
+         TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_backward_input_cuda));
 }

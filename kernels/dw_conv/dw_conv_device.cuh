@@ -38,9 +38,9 @@ __device__ __forceinline__ void load_column(DwConvArgs const& a, T const* image,
 template <typename T, int kVec, bool kPacked>
 struct Taps {
   float w[kVec * 9];
-  __device__ __forceinline__ Taps(DwConvArgs const& a, long long first) {
+  __device__ __forceinline__ Taps(void const* weight, bool f32, long long first) {
 #pragma unroll
-    for (int f = 0; f < kVec * 9; ++f) w[f] = load_param<T>(a.weight, first + f, a.params_f32);
+    for (int f = 0; f < kVec * 9; ++f) w[f] = load_param<T>(weight, first + f, f32);
   }
   __device__ __forceinline__ float operator()(int f) const { return w[f]; }
 };
@@ -48,9 +48,9 @@ struct Taps {
 template <typename T>
 struct Taps<T, 8, true> {
   HalfChunk<T, 8> w[9];
-  __device__ __forceinline__ Taps(DwConvArgs const& a, long long first) {
+  __device__ __forceinline__ Taps(void const* weight, bool, long long first) {
 #pragma unroll
-    for (int k = 0; k < 9; ++k) w[k].load(static_cast<T const*>(a.weight) + first + 8 * k);
+    for (int k = 0; k < 9; ++k) w[k].load(static_cast<T const*>(weight) + first + 8 * k);
   }
   __device__ __forceinline__ float operator()(int f) const { return to_float(w[f / 8].v[f % 8]); }
 };
@@ -62,7 +62,7 @@ struct Taps<T, 8, true> {
 template <typename T, int kVec, int kStride, bool kPacked>
 __device__ __forceinline__ void conv_strip(DwConvArgs const& a, int j, T const* image, long long img, int iy, int x0,
                                            int c0) {
-  const Taps<T, kVec, kPacked> w(a, (static_cast<long long>(j) * a.c + c0) * 9);  // weight[j][c0][0][0]
+  const Taps<T, kVec, kPacked> w(a.weight, a.params_f32, (static_cast<long long>(j) * a.c + c0) * 9);  // weight[j][c0][0][0]
   float bias[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e)
@@ -154,6 +154,82 @@ __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwCo
       conv_strip<T, kVec, 2, kPacked>(a, j, image, img, 2 * orow, strip * kStrip, c0);
     }
   }
+}
+
+// ---- The input gradient (dw_conv_backward_input_kernel) ----------------------------------------
+//
+// grad_x = sum over the projections j of the transposed depthwise conv of grad_y[j]:
+//   grad_x[y][x][c] = sum_{ky,kx} w_j[c][ky][kx] * grad_y_j[(y + 1 - ky) / s][(x + 1 - kx) / s][c]
+// over the taps where y + 1 - ky and x + 1 - kx are multiples of the stride s and in the output
+// map.  One thread per (image, input row, strip of kBackwardStrip pixels, kVec channels), as the
+// forward kernel; each gradient element written once (no atomics), the sums in float32 in the order
+// projection, ky, kx: deterministic.  cuDNN's dgrad took one kernel per projection at about
+// 0.3 TB/s on CvT's maps (an H100 training profile, docs/results/cvt_h100_session14/), then
+// autograd's adds of the three.
+constexpr int kBackwardStrip = 4;  // the strip's float32 sums stay in registers beside the taps
+
+template <typename T, int kVec, bool kPacked>
+__global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_backward_input_kernel(DwConvBackwardArgs a) {
+  const int chunks = a.c / kVec;
+  const int strips = (a.w + kBackwardStrip - 1) / kBackwardStrip;
+  const long long total = a.n * a.h * static_cast<long long>(strips) * chunks;
+  for (long long i = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * kThreads) {
+    const int c0 = static_cast<int>(i % chunks) * kVec;
+    long long rest = i / chunks;
+    const int x0 = static_cast<int>(rest % strips) * kBackwardStrip;
+    rest /= strips;
+    const int y = static_cast<int>(rest % a.h);
+    const long long img = rest / a.h;
+    float acc[kBackwardStrip][kVec];
+#pragma unroll
+    for (int p = 0; p < kBackwardStrip; ++p) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[p][e] = 0.0f;
+    }
+    for (int j = 0; j < a.projections; ++j) {
+      const int s = a.stride[j];
+      const Taps<T, kVec, kPacked> w(a.weight, a.params_f32, (static_cast<long long>(j) * a.c + c0) * 9);
+      T const* g = static_cast<T const*>(a.grad_y[j]) + img * a.grad_image_stride[j];
+#pragma unroll
+      for (int ky = 0; ky < 3; ++ky) {
+        const int t = y + 1 - ky;  // s * oy
+        if (t < 0 || t % s != 0 || t / s >= a.ho[j]) continue;
+        T const* g_row = g + static_cast<long long>(t / s) * a.wo[j] * a.c + c0;
+#pragma unroll
+        for (int p = 0; p < kBackwardStrip; ++p) {
+#pragma unroll
+          for (int kx = 0; kx < 3; ++kx) {
+            const int u = x0 + p + 1 - kx;  // s * ox
+            if (x0 + p >= a.w || u < 0 || u % s != 0 || u / s >= a.wo[j]) continue;
+            HalfChunk<T, kVec> v;
+            v.load(g_row + static_cast<long long>(u / s) * a.c);
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) acc[p][e] += to_float(v.v[e]) * w(e * 9 + ky * 3 + kx);
+          }
+        }
+      }
+    }
+    T* out = static_cast<T*>(a.grad_x) + (img * a.h + y) * static_cast<long long>(a.w) * a.c + c0;
+#pragma unroll
+    for (int p = 0; p < kBackwardStrip; ++p) {
+      if (x0 + p < a.w) store_floats<kVec>(out + static_cast<long long>(x0 + p) * a.c, acc[p]);
+    }
+  }
+}
+
+// 16-byte chunks for the input gradient where the channels and every pointer allow it.
+inline int dw_conv_backward_vec(DwConvBackwardArgs const& a) {
+  bool ok = a.c % 8 == 0 && aligned16(a.grad_x);
+  for (int j = 0; j < a.projections; ++j) ok = ok && aligned16(a.grad_y[j]) && a.grad_image_stride[j] % 8 == 0;
+  if (!a.params_f32) ok = ok && aligned16(a.weight);
+  return ok ? 8 : 1;
+}
+
+inline long long dw_conv_backward_ctas(DwConvBackwardArgs const& a, int vec, long long cap) {
+  const long long work = a.n * a.h * static_cast<long long>((a.w + kBackwardStrip - 1) / kBackwardStrip) * (a.c / vec);
+  const long long need = (work + kThreads - 1) / kThreads;
+  return need < cap ? (need > 0 ? need : 1) : cap;
 }
 
 // 16-byte chunks where the channels and every pointer allow it.

@@ -39,8 +39,26 @@ struct DwConvArgs {
   void* y[kMaxProjections];     // (n, lead + ho*wo, c) each
 };
 
-// Returns the launch's cudaError.
+// The input gradient of the convs above (their outputs' conv rows only; the lead rows' gradient
+// is the caller's): grad_x (n, h*w, c) = the sum over the projections of each one's
+// transposed conv of grad_y[j] (n, ho*wo, c).
+struct DwConvBackwardArgs {
+  DType dtype;
+  long long n;
+  int h, w, c;
+  int projections;
+  int stride[kMaxProjections];
+  int ho[kMaxProjections], wo[kMaxProjections];
+  void const* grad_y[kMaxProjections];             // each image's ho*wo rows contiguous
+  long long grad_image_stride[kMaxProjections];    // elements from one image's rows to the next's
+  void const* weight;                              // (projections, c, 1, 3, 3), contiguous
+  bool params_f32;                                 // weight is float32 (else grad's dtype)
+  void* grad_x;                                    // (n, h*w, c), contiguous
+};
+
+// Return the launch's cudaError.
 cudaError_t launch_dw_conv(DwConvArgs const& a, int num_sms, cudaStream_t stream);
+cudaError_t launch_dw_conv_backward_input(DwConvBackwardArgs const& a, int num_sms, cudaStream_t stream);
 
 }  // namespace dw_conv
 }  // namespace cutlass_ops

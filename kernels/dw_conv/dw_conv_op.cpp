@@ -84,14 +84,72 @@ std::vector<Tensor> dw_conv3x3_tokens_aten(Tensor const& x, int64_t h, int64_t w
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> check_backward_inputs(std::vector<Tensor> const& grad_y, int64_t h,
+                                                               int64_t w, Tensor const& weight, IntArrayRef strides) {
+  char const* op = "dw_conv3x3_tokens_backward_input";
+  int64_t const projections = static_cast<int64_t>(strides.size());
+  CUTLASS_OPS_CHECK_VALUE(projections >= 1 && projections <= 3 && static_cast<int64_t>(grad_y.size()) == projections,
+                          op, ": one grad_y per stride (1 to 3), got ", grad_y.size(), " and ", projections);
+  CUTLASS_OPS_CHECK_VALUE(h > 0 && w > 0, op, ": h and w must be positive, got ", h, "x", w);
+  Tensor const& g0 = grad_y[0];
+  CUTLASS_OPS_CHECK_VALUE(g0.dim() == 3 && is_floating(g0.scalar_type()), op,
+                          ": grad_y must be floating tokens (N, Ho*Wo, C), got ", g0.dim(), "-D ", g0.scalar_type());
+  int64_t const n = g0.size(0), c = g0.size(2);
+  CUTLASS_OPS_CHECK_VALUE(weight.dim() == 5 && weight.size(0) == projections && weight.size(1) == c &&
+                              weight.size(2) == 1 && weight.size(3) == 3 && weight.size(4) == 3,
+                          op, ": weight must be (", projections, ", ", c, ", 1, 3, 3), got ", weight.sizes());
+  CUTLASS_OPS_CHECK_VALUE(is_floating(weight.scalar_type()) && weight.device() == g0.device(), op,
+                          ": weight must be floating on ", g0.device(), ", got ", weight.scalar_type(), " on ",
+                          weight.device());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t j = 0; j < projections; ++j) {
+    int64_t const s = strides[j];
+    CUTLASS_OPS_CHECK_VALUE(s == 1 || s == 2, op, ": each stride must be 1 or 2, got ", s);
+    int64_t const ho = (h - 1) / s + 1, wo = (w - 1) / s + 1;
+    Tensor const& g = grad_y[j];
+    CUTLASS_OPS_CHECK_VALUE(g.dim() == 3 && g.size(0) == n && g.size(1) == ho * wo && g.size(2) == c, op,
+                            ": grad_y[", j, "] must be (", n, ", ", ho * wo, ", ", c, "), got ", g.sizes());
+    CUTLASS_OPS_CHECK_VALUE(g.scalar_type() == g0.scalar_type() && g.device() == g0.device(), op, ": grad_y[", j,
+                            "] is ", g.scalar_type(), " on ", g.device(), ", grad_y[0] ", g0.scalar_type(), " on ",
+                            g0.device());
+    out.emplace_back(ho, wo);
+  }
+  return out;
+}
+
+Tensor dw_conv3x3_tokens_backward_input_aten(std::vector<Tensor> const& grad_y, int64_t h, int64_t w,
+                                             Tensor const& weight, IntArrayRef strides) {
+  auto const sizes = check_backward_inputs(grad_y, h, w, weight, strides);
+  ScalarType const dtype = grad_y[0].scalar_type(), ct = dtype == kDouble ? kDouble : kFloat;
+  int64_t const n = grad_y[0].size(0), c = grad_y[0].size(2);
+  Tensor sum;
+  for (size_t j = 0; j < sizes.size(); ++j) {
+    auto const [ho, wo] = sizes[j];
+    int64_t const s = strides[j];
+    Tensor g = permute(torch::stable::reshape(to_dtype(grad_y[j], ct), {n, ho, wo, c}), {0, 3, 1, 2});
+    Tensor wj = torch::stable::select(to_dtype(weight, ct), 0, static_cast<int64_t>(j));
+    // the transposed conv's output_padding makes its output h x w: h = (ho - 1) s - 2 + 3 + pad
+    std::vector<int64_t> output_padding{h - ((ho - 1) * s + 1), w - ((wo - 1) * s + 1)};
+    // conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    Tensor z = aten_call("aten::conv_transpose2d", "input", g, wj, std::optional<Tensor>(), std::vector<int64_t>{s, s},
+                         std::vector<int64_t>{1, 1}, output_padding, c, std::vector<int64_t>{1, 1});
+    sum = j == 0 ? z : sum + z;
+  }
+  Tensor grad_x = empty({n, h * w, c}, dtype, grad_y[0].device());
+  torch::stable::copy_(grad_x, torch::stable::reshape(permute(sum, {0, 2, 3, 1}), {n, h * w, c}));
+  return grad_x;
+}
+
 }  // namespace dw_conv
 }  // namespace cutlass_ops
 
 STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def("dw_conv3x3_tokens(Tensor x, int h, int w, Tensor weight, Tensor? bias, int[] strides, Tensor? lead) "
         "-> Tensor[]");
+  m.def("dw_conv3x3_tokens_backward_input(Tensor[] grad_y, int h, int w, Tensor weight, int[] strides) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_aten));
+  m.impl("dw_conv3x3_tokens_backward_input", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_backward_input_aten));
 }

@@ -22,5 +22,16 @@ std::vector<Tensor> dw_conv3x3_tokens_aten(Tensor const& x, int64_t h, int64_t w
                                            std::optional<Tensor> const& bias, IntArrayRef strides,
                                            std::optional<Tensor> const& lead);
 
+// The input gradient of dw_conv3x3_tokens's convs: grad_y[j] (N, Ho_j*Wo_j, C) (the conv rows
+// of output j; each image's rows contiguous, images may be apart) -> grad_x (N, h*w, C).  Checks
+// shapes, dtypes and devices; returns each projection's (Ho, Wo).
+std::vector<std::pair<int64_t, int64_t>> check_backward_inputs(std::vector<Tensor> const& grad_y, int64_t h,
+                                                               int64_t w, Tensor const& weight, IntArrayRef strides);
+
+// sum_j conv_transpose2d(grad_y[j]) by ATen in float32 (float64 for float64): the CPU
+// implementation and the CUDA fallback.
+Tensor dw_conv3x3_tokens_backward_input_aten(std::vector<Tensor> const& grad_y, int64_t h, int64_t w,
+                                             Tensor const& weight, IntArrayRef strides);
+
 }  // namespace dw_conv
 }  // namespace cutlass_ops

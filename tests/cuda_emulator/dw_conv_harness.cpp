@@ -51,3 +51,46 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int proje
   };
   return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
 }
+
+// The input-gradient kernel (dw_conv_backward_input_kernel) with the launcher's vector width:
+// grad_y[j] (n, ho*wo, c) with image strides grad_image_stride[j]; grad_x (n, h*w, c).
+// Returns 0, 1 on a deadlock; vec_out: the vector width used.
+extern "C" int emu_dw_conv_backward_input(int bf16, long long n, int h, int w, int c, int projections,
+                                          const int* strides, const void* const* grad_y,
+                                          const long long* grad_image_stride, const void* weight, int params_f32,
+                                          void* grad_x, unsigned grid, unsigned seed, int* vec_out) {
+  DwConvBackwardArgs a{};
+  a.dtype = bf16 ? DType::kBF16 : DType::kF16;
+  a.n = n;
+  a.h = h;
+  a.w = w;
+  a.c = c;
+  a.projections = projections;
+  for (int j = 0; j < projections; ++j) {
+    a.stride[j] = strides[j];
+    a.ho[j] = (h - 1) / strides[j] + 1;
+    a.wo[j] = (w - 1) / strides[j] + 1;
+    a.grad_y[j] = grad_y[j];
+    a.grad_image_stride[j] = grad_image_stride[j];
+  }
+  a.weight = weight;
+  a.params_f32 = params_f32 != 0;
+  a.grad_x = grad_x;
+  const int vec = dw_conv_backward_vec(a);
+  *vec_out = vec;
+  static unsigned char no_smem[16];
+  if (grid == 0) grid = static_cast<unsigned>(dw_conv_backward_ctas(a, vec, 2 * 32));
+  const bool packed = vec == 8 && !a.params_f32;
+  auto body = [&] {
+    if (bf16) {
+      if (packed) dw_conv_backward_input_kernel<__nv_bfloat16, 8, true>(a);
+      else if (vec == 8) dw_conv_backward_input_kernel<__nv_bfloat16, 8, false>(a);
+      else dw_conv_backward_input_kernel<__nv_bfloat16, 1, false>(a);
+    } else {
+      if (packed) dw_conv_backward_input_kernel<__half, 8, true>(a);
+      else if (vec == 8) dw_conv_backward_input_kernel<__half, 8, false>(a);
+      else dw_conv_backward_input_kernel<__half, 1, false>(a);
+    }
+  };
+  return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
+}

@@ -270,7 +270,7 @@ def test_family_90_iff_90_in_archs(archs, kernel_set, tmp_path):
     assert any(k.family == 80 for k in keys) == any(a >= 80 for a in archs)  # sm90 keeps family 80
     out = tmp_path / "gen"
     generate(["--archs", ",".join(map(str, archs)), "--kernels", kernel_set, "--out", str(out)])
-    sm90 = sorted(p.name for p in out.glob("*_sm90_*.cu"))
+    sm90 = sorted(p.name for p in out.glob("cutlass_ops_conv2d_*_sm90_*.cu"))
     assert bool(sm90) == (90 in archs)
     cmake = (out / "instances.cmake").read_text()
     line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
@@ -290,7 +290,7 @@ def test_ci_set_has_one_stock_and_one_persistent_sm90_f16_instance(tmp_path):
     out = tmp_path / "gen"
     generate(["--archs", "80;90", "--kernels", "ci", "--out", str(out)])
     key = InstanceKey("conv2d_fused", 90, "f16", 8)
-    sm90 = sorted(p.stem for p in out.glob("*_sm90_*.cu"))
+    sm90 = sorted(p.stem for p in out.glob("cutlass_ops_conv2d_*_sm90_*.cu"))
     assert sm90 == sorted(kernel_name(key, t) for t in SM90_CI_TILES)
     assert [t.schedule for t in SM90_CI_TILES] == ["", "coop"]
     table = (out / "conv2d_fused_dispatch_table.cpp").read_text()
@@ -364,7 +364,7 @@ def test_sm90_default_tiles_are_stock_and_persistent_named_by_schedule(tmp_path)
     # The generator builds every default tile for both 16-bit dtypes.
     out = tmp_path / "gen"
     generate(["--archs", "90", "--kernels", "all", "--out", str(out)])
-    sm90 = [p.stem for p in out.glob("*_sm90_*.cu")]
+    sm90 = [p.stem for p in out.glob("cutlass_ops_conv2d_*_sm90_*.cu")]
     assert len(sm90) == 2 * len(SM90_TILES)
     assert sum(n.endswith(("_coop_align8", "_pp_align8")) for n in sm90) == 2 * len(SM90_PERSISTENT_TILES)
 
@@ -410,3 +410,25 @@ def test_sm90_profile_rows_carry_the_schedule_in_the_name(tmp_path):
     (d / "sm90.csv").write_text("\n".join(lines) + "\n")
     _, rules, _ = select_tiles(key, tmp_path / "profiles")
     assert rules[0].tile == coop
+
+
+# ---- linear_silu (family 90 GEMMs with a SiLU epilogue) ---------------------------------------
+
+@pytest.mark.parametrize("archs", [[80], [90], [80, 90]])
+@pytest.mark.parametrize("kernel_set", ["ci", "all"])
+def test_linear_silu_instances_iff_90_in_archs(archs, kernel_set, tmp_path):
+    from cutlass_ops_gen.linear_silu import LINEAR_SILU_TILES, LINEAR_SILU_TILES_CI
+    out = tmp_path / "gen"
+    generate(["--archs", ",".join(map(str, archs)), "--kernels", kernel_set, "--out", str(out)])
+    names = sorted(p.stem for p in out.glob("cutlass_ops_linear_silu_*.cu"))
+    tiles = LINEAR_SILU_TILES_CI if kernel_set == "ci" else LINEAR_SILU_TILES
+    assert len(names) == (2 * len(tiles) if 90 in archs else 0)
+    table = (out / "linear_silu_dispatch_table.cpp").read_text()
+    assert f"kLinearSiluInstanceCount = {len(names)};" in table
+    assert all(f'{{"{n}", DType::' in table for n in names)
+    line = next(x for x in (out / "instances.cmake").read_text().splitlines()
+                if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
+    assert all(n in line for n in names)  # compiled with the family-90 (sm_90a) flags
+    assert "CUTLASS_OPS_LINEAR_SILU_DISPATCH_TABLE" in (out / "instances.cmake").read_text()
+    if 90 in archs and kernel_set == "all":  # the ping-pong tile first, for K >= 256 only
+        assert re.search(r'_pp", DType::kF16, 256, ', table) and re.search(r'_coop", DType::kF16, 0, ', table)

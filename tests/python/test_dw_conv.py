@@ -4,7 +4,9 @@ neither a bias add nor a concatenation follows a depthwise conv): the op's CPU p
 float64, opcheck, bad input; the CUDA kernel on the CPU emulator (tests/cuda_emulator: both
 vector widths, strides 1 and 2 alone and together, with and without the lead rows, against
 float64, outputs poisoned with NaN and guard elements after them, two thread schedules bitwise
-equal, 16-bit parameters bitwise as their float32 copies); the kernel on a GPU (skipped without
+equal, 16-bit parameters bitwise as their float32 copies); the backward (gradcheck in float64
+on the CPU; the input-gradient kernel on the emulator against float64 autograd, views behind a
+lead row, two schedules bitwise); the kernels on a GPU, forward and backward (skipped without
 one); FusedCvT with the switch against its default path."""
 import ctypes
 
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 
 import _emulator
 import cutlass_ops
+from _helpers import poison_cuda_cache
 from cutlass_ops.ops import dw_conv3x3_tokens
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
@@ -211,6 +214,97 @@ def test_kernel_on_the_emulator_params_and_alignment(dw_emulator, dtype):
     assert vec == 1 and all(torch.equal(p, q) for p, q in zip(shifted, native))
 
 
+# ---- the backward: autograd on the CPU, the input-gradient kernel on the emulator --------------
+
+@pytest.mark.parametrize("strides", [[1], [2], QKV, [2, 1]])
+@pytest.mark.parametrize("lead", [0, 1])
+@pytest.mark.parametrize("hw", [(5, 4), (4, 5), (1, 3)])
+def test_gradcheck_cpu(strides, lead, hw):
+    """float64 gradcheck of x, weight, bias and the lead rows through dw_conv3x3_tokens's autograd
+    (the input gradient by dw_conv3x3_tokens_backward_input, ATen's conv_transpose2d on the
+    CPU), odd maps: the last stride-2 window hangs over the edge."""
+    h, w = hw
+    x, wt, b, ld = inputs(2, h, w, 3, torch.float64, lead, seed=h + w, convs=len(strides))
+    args = [t.requires_grad_() for t in (x, wt, b) + ((ld,) if lead else ())]
+
+    def f(x, wt, b, ld=None):
+        return tuple(dw_conv3x3_tokens(x, h, w, wt, b, strides, ld))
+    assert torch.autograd.gradcheck(f, tuple(args))
+
+
+def test_backward_input_bad_input():
+    g = [torch.randn(2, 4, 8)]
+    wt = torch.randn(1, 8, 1, 3, 3)
+    with pytest.raises(ValueError, match="one grad_y per stride"):
+        cutlass_ops.ops.dw_conv3x3_tokens_backward_input(g, 4, 4, wt, [2, 2])
+    with pytest.raises(ValueError, match=r"grad_y\[0\] must be"):
+        cutlass_ops.ops.dw_conv3x3_tokens_backward_input(g, 4, 4, wt, [1])  # 16 rows, not 4
+    with pytest.raises(ValueError, match="weight must be"):
+        cutlass_ops.ops.dw_conv3x3_tokens_backward_input(g, 4, 4, wt[:, :4], [2])
+
+
+def run_backward_emulated(lib, grads, h, w, wt, strides, seed=0, skip=0):
+    """The input-gradient kernel; grad_x poisoned with NaN and GUARD sentinels after it; skip > 0
+    hands each grad_y as a view with `skip` NaN rows before each image's (as behind a lead row)."""
+    n, _, c = grads[0].shape
+    views, keep = [], []
+    for g in grads:
+        if skip:
+            full = torch.full((n, skip + g.shape[1], c), float("nan"), dtype=g.dtype)
+            full[:, skip:] = g
+            keep.append(full)
+            views.append((full[:, skip:], (skip + g.shape[1]) * c))
+        else:
+            views.append((g.contiguous(), g.shape[1] * c))
+    out = torch.full((n * h * w * c + GUARD,), float("nan"), dtype=grads[0].dtype)
+    out[n * h * w * c:] = -777.0
+    vec = ctypes.c_int(0)
+    gp = (ctypes.c_void_p * len(views))(*[v.data_ptr() for v, _ in views])
+    gs = (ctypes.c_longlong * len(views))(*[st for _, st in views])
+    sa = (ctypes.c_int * len(strides))(*strides)
+    rc = lib.emu_dw_conv_backward_input(int(grads[0].dtype == torch.bfloat16), ctypes.c_longlong(n), h, w, c,
+                                        len(strides), sa, gp, gs, ctypes.c_void_p(wt.data_ptr()),
+                                        int(wt.dtype == torch.float32), ctypes.c_void_p(out.data_ptr()), 0, seed,
+                                        ctypes.byref(vec))
+    assert rc == 0, "deadlock"
+    assert bool((out[n * h * w * c:] == -777.0).all()), "a write past grad_x"
+    return out[:n * h * w * c].view(n, h * w, c), vec.value
+
+
+def backward_reference(grads, h, w, wt, strides):
+    """float64: the gradient of sum_j <grad_y[j], conv_j(x)> with respect to x, by autograd."""
+    n, _, c = grads[0].shape
+    x = torch.zeros(n, h * w, c, dtype=torch.float64, requires_grad=True)
+    ys = reference(x, h, w, wt, None, strides, None)
+    torch.autograd.backward(ys, [g.double() for g in grads])
+    return x.grad
+
+
+@emulator
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("c, vec", [(64, 8), (24, 8), (5, 1)])
+@pytest.mark.parametrize("strides", [[1], [2], QKV, [2, 1]])
+@pytest.mark.parametrize("hw", [(9, 7), (6, 4), (1, 2)])
+def test_backward_input_kernel_on_the_emulator(dw_emulator, dtype, c, vec, strides, hw):
+    """The input gradient of 1-3 convs in one kernel: every element written (no NaN left), nothing
+    past grad_x, against float64 autograd; a second thread schedule bitwise equal; grad_y as
+    views behind a NaN row (images apart) bitwise the same; float32 weights bitwise as their
+    16-bit copies."""
+    h, w = hw
+    g = torch.Generator().manual_seed(c + h)
+    grads = [torch.randn(3, ((h - 1) // s + 1) * ((w - 1) // s + 1), c, generator=g).to(dtype) for s in strides]
+    wt = (torch.randn(len(strides), c, 1, 3, 3, generator=g) / 3).to(dtype)
+    gx, picked = run_backward_emulated(dw_emulator, grads, h, w, wt, strides)
+    assert picked == vec and not torch.isnan(gx).any()
+    assert rel(gx, backward_reference(grads, h, w, wt, strides)) <= TOL[dtype]
+    again, _ = run_backward_emulated(dw_emulator, grads, h, w, wt, strides, seed=5)
+    assert torch.equal(gx, again)
+    apart, _ = run_backward_emulated(dw_emulator, grads, h, w, wt, strides, skip=1)
+    assert torch.equal(gx, apart)
+    wide, _ = run_backward_emulated(dw_emulator, grads, h, w, wt.float(), strides)
+    assert torch.equal(gx, wide)
+
+
 # ---- CUDA -----------------------------------------------------------------------------------
 
 @cuda_only
@@ -225,6 +319,29 @@ def test_cuda_vs_float64(dtype, c, hw, strides, lead):
     assert worst(ys, reference(x, h, w, wt, b, strides, ld)) <= TOL[dtype]
     if ld is not None:
         assert all(torch.equal(y[:, :lead].cpu(), ld) for y in ys)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("c, hw, strides, lead", [(64, (56, 56), QKV, 0), (384, (14, 14), QKV, 1),
+                                                  (192, (28, 28), QKV, 0), (5, (9, 7), [2, 1], 1)])
+def test_cuda_backward_vs_float64(dtype, c, hw, strides, lead):
+    """Gradients of x, weight, bias and the lead rows through the op on the GPU (the input
+    gradient by the kernel, outputs poisoned first) against float64 autograd on the CPU."""
+    h, w = hw
+    x, wt, b, ld = inputs(3, h, w, c, dtype, lead, convs=len(strides))
+    g = torch.Generator().manual_seed(7)
+    rows = [lead + ((h - 1) // s + 1) * ((w - 1) // s + 1) for s in strides]
+    grads = [torch.randn(3, r, c, generator=g).to(dtype) for r in rows]
+    leaves64 = [t.double().requires_grad_() for t in (x, wt, b) + ((ld,) if lead else ())]
+    torch.autograd.backward(reference(leaves64[0], h, w, leaves64[1], leaves64[2], strides,
+                                      leaves64[3] if lead else None), [t.double() for t in grads])
+    leaves = [t.cuda().requires_grad_() for t in (x, wt, b) + ((ld,) if lead else ())]
+    poison_cuda_cache(8 * x.numel())
+    ys = dw_conv3x3_tokens(leaves[0], h, w, leaves[1], leaves[2], strides, leaves[3] if lead else None)
+    torch.autograd.backward(ys, [t.cuda() for t in grads])
+    for got, want in zip(leaves, leaves64):
+        assert rel(got.grad, want.grad) <= 2 * TOL[dtype], (got.shape, rel(got.grad, want.grad))
 
 
 # ---- FusedCvT with CUTLASS_OPS_CVT_DW_TOKENS=1 ----------------------------------------------

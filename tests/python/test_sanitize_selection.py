@@ -287,6 +287,20 @@ def test_dw_conv3x3_tokens(c, strides):
         assert errors(y[:, 1:], want)[0] < 1e-2 and torch.equal(y[:, :1], lead)
 
 
+@pytest.mark.parametrize("c, strides", [(64, [1, 2, 2]), (5, [2, 1])])
+def test_dw_conv3x3_tokens_backward_input(c, strides):
+    torch.manual_seed(c + 1)
+    w = _r(len(strides), c, 1, 3, 3, seed=1)
+    grads = [_r(3, ((7 - 1) // s + 1) * ((5 - 1) // s + 1), c, seed=3 + j) for j, s in enumerate(strides)]
+    gx = cutlass_ops.ops.dw_conv3x3_tokens_backward_input(grads, 7, 5, w, strides)
+    x = torch.zeros(3, 7 * 5, c, dtype=torch.float64, device=gx.device, requires_grad=True)
+    m = x.reshape(3, 7, 5, c).permute(0, 3, 1, 2)
+    ys = [torch.nn.functional.conv2d(m, w[j].double(), None, s, 1, 1, c).flatten(2).transpose(1, 2)
+          for j, s in enumerate(strides)]
+    torch.autograd.backward(ys, [g.double() for g in grads])
+    assert errors(gx, x.grad)[0] < 1e-2
+
+
 # ---- FusedMLP: the generated forward and backward kernels (odd widths: padding inside) -------------
 
 @pytest.mark.parametrize("rows", [1, 131])
