@@ -166,10 +166,59 @@ __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwCo
 // projection, ky, kx: deterministic.  cuDNN's dgrad took one kernel per projection at about
 // 0.3 TB/s on CvT's maps (an H100 training profile, docs/results/cvt_h100_session14/), then
 // autograd's adds of the three.
-constexpr int kBackwardStrip = 4;  // the strip's float32 sums stay in registers beside the taps
+constexpr int kBackwardStrip = 4;  // even (stride-2 columns line up); the sums stay in registers
+constexpr int kBackwardMinBlocks = 2;
+
+// One gradient row's contributions to the strip x0 .. x0 + kBackwardStrip - 1 (x0 even) through
+// tap row ky: the row's columns the strip reads, loaded once (stride 1: x0 - 1 .. x0 + 4; stride 2:
+// x0/2 .. x0/2 + 2, zeros past the map), then each pixel's taps kx with x + 1 - kx a multiple of
+// the stride, in the order kx.
+template <typename T, int kVec, bool kPacked, int kStride, int ky>
+__device__ __forceinline__ void backward_row(T const* g_row, int x0, int wo, int c, Taps<T, kVec, kPacked> const& w,
+                                             float (&acc)[kBackwardStrip][kVec]) {
+  constexpr int kSeg = kStride == 1 ? kBackwardStrip + 2 : kBackwardStrip / 2 + 1;
+  const int first = kStride == 1 ? x0 - 1 : x0 / 2;
+  HalfChunk<T, kVec> seg[kSeg];
+#pragma unroll
+  for (int q = 0; q < kSeg; ++q) {
+    const int ox = first + q;
+    if (ox < 0 || ox >= wo) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) seg[q].v[e] = from_float<T>(0.0f);
+    } else {
+      seg[q].load(g_row + static_cast<long long>(ox) * c);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < kBackwardStrip; ++p) {
+#pragma unroll
+    for (int kx = 0; kx < 3; ++kx) {
+      const int u = p + 1 - kx;  // s * ox - x0
+      if (kStride == 2 && (u & 1)) continue;
+      const int q = kStride == 1 ? u + 1 : u / 2;  // seg index: ox - first
+      if (q < 0 || q >= kSeg) continue;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[p][e] += to_float(seg[q].v[e]) * w(e * 9 + ky * 3 + kx);
+    }
+  }
+}
+
+// Projection j's gradient row through tap row ky, if there is one for input row y.
+template <typename T, int kVec, bool kPacked, int ky>
+__device__ __forceinline__ void backward_rows(DwConvBackwardArgs const& a, int j, T const* g, int x0, int y,
+                                              Taps<T, kVec, kPacked> const& w, float (&acc)[kBackwardStrip][kVec]) {
+  const int s = a.stride[j], t = y + 1 - ky;  // t = s * oy
+  if (t < 0 || t % s != 0 || t / s >= a.ho[j]) return;
+  T const* g_row = g + static_cast<long long>(t / s) * a.wo[j] * a.c;
+  if (s == 1) {
+    backward_row<T, kVec, kPacked, 1, ky>(g_row, x0, a.wo[j], a.c, w, acc);
+  } else {
+    backward_row<T, kVec, kPacked, 2, ky>(g_row, x0, a.wo[j], a.c, w, acc);
+  }
+}
 
 template <typename T, int kVec, bool kPacked>
-__global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_backward_input_kernel(DwConvBackwardArgs a) {
+__global__ void __launch_bounds__(kThreads, kPacked ? kBackwardMinBlocks : 1) dw_conv_backward_input_kernel(DwConvBackwardArgs a) {
   const int chunks = a.c / kVec;
   const int strips = (a.w + kBackwardStrip - 1) / kBackwardStrip;
   const long long total = a.n * a.h * static_cast<long long>(strips) * chunks;
@@ -188,27 +237,12 @@ __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_backward_in
       for (int e = 0; e < kVec; ++e) acc[p][e] = 0.0f;
     }
     for (int j = 0; j < a.projections; ++j) {
-      const int s = a.stride[j];
       const Taps<T, kVec, kPacked> w(a.weight, a.params_f32, (static_cast<long long>(j) * a.c + c0) * 9);
-      T const* g = static_cast<T const*>(a.grad_y[j]) + img * a.grad_image_stride[j];
-#pragma unroll
-      for (int ky = 0; ky < 3; ++ky) {
-        const int t = y + 1 - ky;  // s * oy
-        if (t < 0 || t % s != 0 || t / s >= a.ho[j]) continue;
-        T const* g_row = g + static_cast<long long>(t / s) * a.wo[j] * a.c + c0;
-#pragma unroll
-        for (int p = 0; p < kBackwardStrip; ++p) {
-#pragma unroll
-          for (int kx = 0; kx < 3; ++kx) {
-            const int u = x0 + p + 1 - kx;  // s * ox
-            if (x0 + p >= a.w || u < 0 || u % s != 0 || u / s >= a.wo[j]) continue;
-            HalfChunk<T, kVec> v;
-            v.load(g_row + static_cast<long long>(u / s) * a.c);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) acc[p][e] += to_float(v.v[e]) * w(e * 9 + ky * 3 + kx);
-          }
-        }
-      }
+      T const* g = static_cast<T const*>(a.grad_y[j]) + img * a.grad_image_stride[j] + c0;
+      // (unrolled: ky indexes the taps, which a rolled loop would put in local memory)
+      backward_rows<T, kVec, kPacked, 0>(a, j, g, x0, y, w, acc);
+      backward_rows<T, kVec, kPacked, 1>(a, j, g, x0, y, w, acc);
+      backward_rows<T, kVec, kPacked, 2>(a, j, g, x0, y, w, acc);
     }
     T* out = static_cast<T*>(a.grad_x) + (img * a.h + y) * static_cast<long long>(a.w) * a.c + c0;
 #pragma unroll

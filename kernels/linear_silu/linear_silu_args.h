@@ -25,14 +25,15 @@ struct LinearSiluArgs {
 };
 
 // One generated kernel instance: its name (as CUTLASS_OPS_LINEAR_SILU_TILE takes it), dtype, the
-// smallest K it is tried for (the generator's measured rule; a forced instance ignores it), and
-// entry points.  run() returns 0 on success; can_implement()'s refusal as its positive
+// generator's measured rule (tried for K >= min_k, or for any K when m < small_m; a forced
+// instance ignores it), and entry points.  run() returns 0 on success; can_implement()'s refusal as its positive
 // cutlass::Status (the caller tries the next instance, or the ATen path); a failed initialize()
 // or launch as the negated status.
 struct LinearSiluInstance {
   char const* name;
   DType dtype;
   int min_k;
+  int small_m;
   size_t (*workspace_bytes)(LinearSiluArgs const&);
   int (*run)(LinearSiluArgs const&, void* workspace, cudaStream_t);
 };

@@ -57,7 +57,7 @@ Tensor linear_silu_cuda(Tensor const& x, Tensor const& weight, std::optional<Ten
   for (int i = 0; i < kLinearSiluInstanceCount; ++i) {
     LinearSiluInstance const& inst = kLinearSiluInstances[i];
     if (inst.dtype != a.dtype) continue;
-    if (forced != nullptr ? std::strcmp(forced, inst.name) != 0 : a.k < inst.min_k) continue;
+    if (forced != nullptr ? std::strcmp(forced, inst.name) != 0 : a.k < inst.min_k && a.m >= inst.small_m) continue;
     size_t const bytes = inst.workspace_bytes(a);
     Tensor workspace = bytes > 0 ? empty({static_cast<int64_t>(bytes)}, kByte, x.device()) : Tensor();
     int const status = inst.run(a, bytes > 0 ? workspace.data_ptr() : nullptr, stream);

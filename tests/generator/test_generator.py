@@ -431,4 +431,4 @@ def test_linear_silu_instances_iff_90_in_archs(archs, kernel_set, tmp_path):
     assert all(n in line for n in names)  # compiled with the family-90 (sm_90a) flags
     assert "CUTLASS_OPS_LINEAR_SILU_DISPATCH_TABLE" in (out / "instances.cmake").read_text()
     if 90 in archs and kernel_set == "all":  # the ping-pong tile first, for K >= 256 only
-        assert re.search(r'_pp", DType::kF16, 256, ', table) and re.search(r'_coop", DType::kF16, 0, ', table)
+        assert re.search(r'_pp", DType::kF16, 256, 32768, ', table) and re.search(r'_coop", DType::kF16, 0, 0, ', table)
