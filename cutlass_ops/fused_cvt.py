@@ -40,8 +40,14 @@ only the forward differs.  What runs where, per forward:
   each MLP's fc1 and its SiLU on an sm90 GPU with autograd off (CUTLASS_OPS_CVT_LINEAR_SILU=0
   turns it off): one ``linear_silu`` kernel (kernels/linear_silu: CUTLASS's sm90 GEMM with
   silu(1.702 (acc + b1)) in its epilogue), where cuBLAS wrote the pre-activation and F.silu read
-  and wrote it again.  H100, one process: forward N=64 3.582 -> 3.205 ms, N=256 12.859 ->
-  11.526 (docs/results/cvt_h100_session14/).
+  and wrote it again.  H100, one process: forward N=64 3.586 -> 3.156 ms, N=256 12.859 ->
+  11.433 (docs/results/cvt_h100_session14/).
+
+  the dw_bn projections' convs in training on CUDA (CUTLASS_OPS_CVT_DW_TOKENS=0 turns it off):
+  each attention's three depthwise convs (no bias) as one ``dw_conv3x3_tokens`` call (stage 3's
+  map read in place behind the cls row), then each real BatchNorm; in the backward their input
+  gradients as one ``dw_conv3x3_tokens_backward_input`` kernel (the weights' by cuDNN's wgrad).
+  H100, training step N=64 17.132 -> 16.474 ms, N=128 29.418 -> 28.346.
 
   opt-in, CUTLASS_OPS_CVT_SILU_EPILOGUE=1 (autograd off): each MLP's fc1 and its SiLU as one
   conv2d_fused kernel (SiLU in its epilogue); off by default, slower than cuBLAS + SiLU here
@@ -52,9 +58,11 @@ only the forward differs.  What runs where, per forward:
       float32, as CvT's LayerNorm); always the head's LayerNorm;
     - the q/k/v "dw_bn" projections otherwise: cuDNN's depthwise conv per projection on the
       NHWC map; eval mode (under autograd, or =0 above): the folded conv, its bias moved into
-      the q/k/v Linear's (dw_bias_in_linear_enabled); train mode: the real ``nn.BatchNorm2d``
-      after the conv (batch statistics, running statistics updated).
-    - the q/k/v/out linears, the MLP linears (fc1 under autograd or off sm90; cuBLAS through ``cutlass_ops.linear.linear``, whose
+      the q/k/v Linear's (dw_bias_in_linear_enabled); train mode (on the CPU, or =0 above): the
+      real ``nn.BatchNorm2d`` after the conv (batch statistics, running statistics updated);
+      the BatchNorms themselves in training always.
+    - the q/k/v/out linears, the MLP linears (fc1 under autograd or off sm90; cuBLAS through
+      ``cutlass_ops.linear.linear``, whose
       backward takes the bias gradient as a GEMV with ones: ATen's column sums took 2.2 ms of
       the H200's N=64 training step; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
       MLPs no wider than 256, i.e. stage 1's, as one FusedMLP kernel, which the H200 run timed
