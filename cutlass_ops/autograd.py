@@ -468,3 +468,18 @@ def _dw_tokens_backward(ctx, grads):
 
 
 torch.library.register_autograd("cutlass_ops::dw_conv3x3_tokens", _dw_tokens_backward, setup_context=_dw_tokens_setup)
+
+
+# ---- scale_samples: y = x * scale[n] per sample (FusedCvT's drop path) -------------------------
+
+def _scale_samples_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _scale_samples_backward(ctx, grad):
+    (scale,) = ctx.saved_tensors
+    return torch.ops.cutlass_ops.scale_samples(grad, scale), None
+
+
+torch.library.register_autograd("cutlass_ops::scale_samples", _scale_samples_backward,
+                                setup_context=_scale_samples_setup)

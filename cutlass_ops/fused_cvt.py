@@ -66,9 +66,9 @@ only the forward differs.  What runs where, per forward:
       backward takes the bias gradient as a GEMV with ones: ATen's column sums took 2.2 ms of
       the H200's N=64 training step; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
       MLPs no wider than 256, i.e. stage 1's, as one FusedMLP kernel, which the H200 run timed
-      at 7.59 ms against 7.50 for the forward, so it stays off), residual adds, drop path
-      (timm 0.3.2's random draws, as the reference; applied as one multiply per sample,
-      _drop_path, where timm's takes two passes each way: not yet timed), dropout;
+      at 7.59 ms against 7.50 for the forward, so it stays off), residual adds, dropout;
+      drop path draws timm 0.3.2's random mask as the reference, applied as one
+      ``scale_samples`` kernel per sample forward and backward (_drop_path);
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the
       whole embed dim, as CvT) on CUDA, matmul-softmax-matmul on the CPU (as the reference),
       the cls token concatenated in front of q, k, v;
@@ -93,7 +93,7 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Drop
 from .fused_resnet import FusedResNet
 from .linear import linear
 from .ops import (conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows, linear_silu,
-                  linear_silu_kernels)
+                  linear_silu_kernels, scale_samples)
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
@@ -629,34 +629,18 @@ class FusedCvT(ConvolutionalVisionTransformer):
 
 def _drop_path(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The reference's DropPath (timm 0.3.2's drop path: the same random draw, so the same
-    samples dropped) as one multiply by mask / keep_prob per sample, forward and backward,
-    where timm's ``x.div(keep_prob) * mask`` is two passes over x each way (H200, N=64 training
-    step: 36 such multiplies took 0.43 ms); the product in float32 (float64 for float64), rounded
-    once.  DropPath modules other than the reference's run as they are."""
+    samples dropped) as one ``scale_samples`` multiply by mask / keep_prob per sample, forward
+    and backward, where timm's ``x.div(keep_prob) * mask`` is two passes over x each way (H200,
+    N=64 training step: 36 such multiplies took 0.43 ms); the product in float32 (float64 for
+    float64), rounded once.  On CUDA fp16/bf16 one kernel (kernels/sample_scale), where ATen's
+    mixed-dtype broadcast multiply took 0.69 ms for the 36 on an H100.  DropPath modules other
+    than the reference's run as they are."""
     p = getattr(module, "drop_prob", None)
     if type(module) is not DropPath or not module.training or not p:
         return module(x)
     keep = 1 - p
     mask = drop_path_mask(x, keep)
-    return _ScaleSamples.apply(x, mask.to(torch.promote_types(x.dtype, torch.float32)) / keep)
-
-
-class _ScaleSamples(torch.autograd.Function):
-    """x * scale with scale (N, 1, ...) of a wider dtype than x: one kernel computing in scale's
-    dtype and writing x's (ATen casts in the same pass), forward and backward."""
-
-    @staticmethod
-    def forward(x, scale):
-        return torch.mul(x, scale, out=torch.empty_like(x))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[1])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (scale,) = ctx.saved_tensors
-        return torch.mul(grad, scale, out=torch.empty_like(grad)), None
+    return scale_samples(x, mask.reshape(-1).to(torch.promote_types(x.dtype, torch.float32)) / keep)
 
 
 def _dw_conv_fits(conv: nn.Module) -> bool:

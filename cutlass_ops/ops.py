@@ -490,3 +490,17 @@ def linear_silu_kernels() -> list[str]:
 @torch.library.register_fake("cutlass_ops::linear_silu")
 def _linear_silu_fake(x, weight, bias, alpha):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def scale_samples(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x[n, ...] * scale[n]: scale (N,) float32 (float64 for a float64 x), the product in scale's
+    dtype rounded once to x's dtype.  One CUDA kernel for fp16/bf16 (16-byte accesses where the
+    sample size and pointers allow), ATen otherwise.  Differentiable in x (the backward is the
+    same multiply; scale gets no gradient).  FusedCvT's drop path: scale = mask / keep_prob."""
+    _check_devices("scale_samples", ("x", x), ("scale", scale))
+    return torch.ops.cutlass_ops.scale_samples(x, scale)
+
+
+@torch.library.register_fake("cutlass_ops::scale_samples")
+def _scale_samples_fake(x, scale):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
