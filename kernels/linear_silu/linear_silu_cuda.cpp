@@ -35,11 +35,20 @@ Tensor linear_silu_cuda(Tensor const& x, Tensor const& weight, std::optional<Ten
   if (!fused) return linear_silu_aten(x, weight, bias, alpha);
   DeviceGuard guard(dev);
   Tensor xc = torch::stable::contiguous(x), wc = torch::stable::contiguous(weight);
-  Tensor bc = bias ? torch::stable::contiguous(to_dtype(*bias, dtype)) : Tensor();  // read in y's dtype
+  // TMA reads x and weight, the epilogue the bias, 16 bytes at a time
+  if (!aligned16(xc.data_ptr()) || !aligned16(wc.data_ptr())) return linear_silu_aten(x, weight, bias, alpha);
+  Tensor bc;
+  if (bias) {
+    bc = torch::stable::contiguous(to_dtype(*bias, dtype));  // read in y's dtype
+    if (!aligned16(bc.data_ptr())) {  // a view into another tensor: a fresh (aligned) copy
+      Tensor copy = empty({n}, dtype, x.device());
+      torch::stable::copy_(copy, bc);
+      bc = copy;
+    }
+  }
   std::vector<int64_t> out_sizes = to_vector(x.sizes());
   out_sizes.back() = n;
   Tensor y = empty(IntArrayRef(out_sizes), dtype, x.device());
-  if (!aligned16(xc.data_ptr()) || !aligned16(wc.data_ptr())) return linear_silu_aten(x, weight, bias, alpha);
   LinearSiluArgs a{};
   a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
   a.m = static_cast<int>(m);

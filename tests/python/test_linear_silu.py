@@ -109,13 +109,18 @@ def test_each_kernel_vs_float64(dtype, lead, k, n, monkeypatch):
 @sm90_only
 def test_fallbacks_on_gpu():
     """No kernel applies (x misaligned by one element, K not a multiple of 8): ATen's path,
-    the same numbers within the dtype's bound."""
+    the same numbers within the dtype's bound; a misaligned bias: the kernel on an aligned copy."""
     x, w, b = inputs((33,), 64, 128, torch.float16, "cuda", seed=3)
     buf = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
     buf[1:] = x.reshape(-1)
     check(linear_silu(buf[1:].view(x.shape), w, b, 1.702), reference(x, w, b, 1.702), torch.float16)
     x, w, b = inputs((33,), 60, 128, torch.float16, "cuda", seed=4)
     check(linear_silu(x, w, b, 1.702), reference(x, w, b, 1.702), torch.float16)
+    # a bias 2 bytes off 16-byte alignment (a view into a larger tensor): the kernel on a copy
+    x, w, b = inputs((33,), 64, 128, torch.float16, "cuda", seed=5)
+    big = torch.empty(129, dtype=b.dtype, device="cuda")
+    big[1:] = b
+    check(linear_silu(x, w, big[1:], 1.702), reference(x, w, b, 1.702), torch.float16)
 
 
 @sm90_only
