@@ -655,7 +655,8 @@ def _dw_tokens_can_run(proj: nn.Module) -> bool:
     """Whether dw_conv3x3_tokens computes this dw_bn projection with its BatchNorm folded in:
     eval-mode BatchNorm with running statistics, a conv that fits (_dw_conv_fits)."""
     bn = getattr(proj, "bn", None)
-    return bn is not None and not bn.training and bn.running_mean is not None and _dw_conv_fits(getattr(proj, "conv", None))
+    return (bn is not None and not bn.training and bn.running_mean is not None
+            and _dw_conv_fits(getattr(proj, "conv", None)))
 
 
 def _dw_tokens_train_can_run(proj: nn.Module) -> bool:

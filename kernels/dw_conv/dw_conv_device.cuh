@@ -62,7 +62,8 @@ struct Taps<T, 8, true> {
 template <typename T, int kVec, int kStride, bool kPacked>
 __device__ __forceinline__ void conv_strip(DwConvArgs const& a, int j, T const* image, long long img, int iy, int x0,
                                            int c0) {
-  const Taps<T, kVec, kPacked> w(a.weight, a.params_f32, (static_cast<long long>(j) * a.c + c0) * 9);  // weight[j][c0][0][0]
+  // weight[j][c0][0][0..]
+  const Taps<T, kVec, kPacked> w(a.weight, a.params_f32, (static_cast<long long>(j) * a.c + c0) * 9);
   float bias[kVec];
 #pragma unroll
   for (int e = 0; e < kVec; ++e)
@@ -163,10 +164,15 @@ __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwCo
 // over the taps where y + 1 - ky and x + 1 - kx are multiples of the stride s and in the output
 // map.  One thread per (image, input row, strip of kBackwardStrip pixels, kVec channels), as the
 // forward kernel; each gradient element written once (no atomics), the sums in float32 in the order
-// projection, ky, kx: deterministic.  cuDNN's dgrad took one kernel per projection at about
-// 0.3 TB/s on CvT's maps (an H100 training profile, docs/results/cvt_h100_session14/), then
-// autograd's adds of the three.
-constexpr int kBackwardStrip = 4;  // even (stride-2 columns line up); the sums stay in registers
+// projection, ky, kx: deterministic.  Each gradient row's columns for the strip are loaded once
+// (backward_row) and shared by its pixels' taps.  Where cuDNN ran a dgrad per projection and
+// autograd added the three (190 / 133 / 75 us per attention, H100, N=64;
+// docs/results/cvt_h100_session14/7_dw_backward_probe.log).
+//
+// Strips of 4 (even: stride-2 columns line up) with two CTAs an SM (16-bit taps: 128 registers,
+// 128 bytes spilled): on an H100 at CvT's N=64 maps 61.9 / 51.0 / 29.6 us per attention, where
+// one CTA an SM (no spills) took 71.1 / 57.1 / 28.0 and strips of 2 73.2 / 58.9 / 30.8.
+constexpr int kBackwardStrip = 4;
 constexpr int kBackwardMinBlocks = 2;
 
 // One gradient row's contributions to the strip x0 .. x0 + kBackwardStrip - 1 (x0 even) through
@@ -218,7 +224,8 @@ __device__ __forceinline__ void backward_rows(DwConvBackwardArgs const& a, int j
 }
 
 template <typename T, int kVec, bool kPacked>
-__global__ void __launch_bounds__(kThreads, kPacked ? kBackwardMinBlocks : 1) dw_conv_backward_input_kernel(DwConvBackwardArgs a) {
+__global__ void __launch_bounds__(kThreads, kPacked ? kBackwardMinBlocks : 1)
+    dw_conv_backward_input_kernel(DwConvBackwardArgs a) {
   const int chunks = a.c / kVec;
   const int strips = (a.w + kBackwardStrip - 1) / kBackwardStrip;
   const long long total = a.n * a.h * static_cast<long long>(strips) * chunks;
