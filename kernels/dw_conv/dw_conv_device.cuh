@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "common/half_chunk.cuh"
 #include "dw_conv/dw_conv_kernel.h"
 
@@ -119,7 +121,7 @@ __host__ __device__ inline long long dw_conv_items(DwConvArgs const& a, int vec,
 // One thread per item (dw_conv_items, projection after projection), grid-stride, the channel
 // chunk fastest (a warp's loads coalesce): kVec = 8 (16-byte accesses) where c % 8 == 0 and
 // every pointer is 16-byte aligned, else 1.  The threads of each output's first strip also copy
-// lead_tokens into its lead rows.  kPacked: dw_conv_packed().  (Two CTAs an SM for the 16-bit
+// lead_tokens into its lead rows.  kPacked: with_kernel_variant().  (Two CTAs an SM for the 16-bit
 // weights; float32 weights of 8 channels take 72 registers more, which two CTAs would spill.)
 template <typename T, int kVec, bool kPacked>
 __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwConvArgs a) {
@@ -283,9 +285,20 @@ inline int dw_conv_vec(DwConvArgs const& a) {
   return ok ? 8 : 1;
 }
 
-// Whether the weights are read as 16-byte chunks and kept 16-bit (Taps): 16-bit parameters and
-// 16-byte accesses.
-inline bool dw_conv_packed(DwConvArgs const& a, int vec) { return vec == 8 && !a.params_f32; }
+// The kernel variant to run, for the launcher (dw_conv_kernel.cu) and the CPU emulator alike:
+// calls run(Vec, Packed) once, Vec a std::integral_constant<int, 8 or 1> (the vector width) and
+// Packed a std::bool_constant, true where the weights are read as 16-byte chunks and kept 16-bit
+// (Taps): 16-bit parameters and 16-byte accesses.  The same for the forward and backward kernels.
+template <class Run>
+void with_kernel_variant(int vec, bool params_f32, Run&& run) {
+  if (vec == 8 && !params_f32) {
+    run(std::integral_constant<int, 8>{}, std::true_type{});
+  } else if (vec == 8) {
+    run(std::integral_constant<int, 8>{}, std::false_type{});
+  } else {
+    run(std::integral_constant<int, 1>{}, std::false_type{});
+  }
+}
 
 // CTAs for the launch: one thread per item, grid-stride beyond `cap` CTAs.
 inline long long dw_conv_ctas(DwConvArgs const& a, int vec, long long cap) {

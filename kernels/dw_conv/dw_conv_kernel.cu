@@ -9,12 +9,9 @@ template <typename T>
 static cudaError_t launch_typed(DwConvArgs const& a, int num_sms, cudaStream_t stream) {
   const int vec = dw_conv_vec(a);
   const int grid = static_cast<int>(dw_conv_ctas(a, vec, 32LL * num_sms));
-  if (dw_conv_packed(a, vec))
-    dw_conv_kernel<T, 8, true><<<grid, kThreads, 0, stream>>>(a);
-  else if (vec == 8)
-    dw_conv_kernel<T, 8, false><<<grid, kThreads, 0, stream>>>(a);
-  else
-    dw_conv_kernel<T, 1, false><<<grid, kThreads, 0, stream>>>(a);
+  with_kernel_variant(vec, a.params_f32, [&](auto v, auto packed) {
+    dw_conv_kernel<T, decltype(v)::value, decltype(packed)::value><<<grid, kThreads, 0, stream>>>(a);
+  });
   return cudaGetLastError();
 }
 
@@ -22,12 +19,9 @@ template <typename T>
 static cudaError_t launch_backward_typed(DwConvBackwardArgs const& a, int num_sms, cudaStream_t stream) {
   const int vec = dw_conv_backward_vec(a);
   const int grid = static_cast<int>(dw_conv_backward_ctas(a, vec, 32LL * num_sms));
-  if (vec == 8 && !a.params_f32)
-    dw_conv_backward_input_kernel<T, 8, true><<<grid, kThreads, 0, stream>>>(a);
-  else if (vec == 8)
-    dw_conv_backward_input_kernel<T, 8, false><<<grid, kThreads, 0, stream>>>(a);
-  else
-    dw_conv_backward_input_kernel<T, 1, false><<<grid, kThreads, 0, stream>>>(a);
+  with_kernel_variant(vec, a.params_f32, [&](auto v, auto packed) {
+    dw_conv_backward_input_kernel<T, decltype(v)::value, decltype(packed)::value><<<grid, kThreads, 0, stream>>>(a);
+  });
   return cudaGetLastError();
 }
 

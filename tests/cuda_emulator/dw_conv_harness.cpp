@@ -37,17 +37,11 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int proje
   *vec_out = vec;
   static unsigned char no_smem[16];
   if (grid == 0) grid = static_cast<unsigned>(dw_conv_ctas(a, vec, 2 * 32));
-  const bool packed = dw_conv_packed(a, vec);
-  auto body = [&] {
-    if (bf16) {
-      if (packed) dw_conv_kernel<__nv_bfloat16, 8, true>(a);
-      else if (vec == 8) dw_conv_kernel<__nv_bfloat16, 8, false>(a);
-      else dw_conv_kernel<__nv_bfloat16, 1, false>(a);
-    } else {
-      if (packed) dw_conv_kernel<__half, 8, true>(a);
-      else if (vec == 8) dw_conv_kernel<__half, 8, false>(a);
-      else dw_conv_kernel<__half, 1, false>(a);
-    }
+  auto body = [&] {  // the variant the CUDA launcher runs (with_kernel_variant)
+    with_kernel_variant(vec, a.params_f32, [&](auto v, auto packed) {
+      if (bf16) dw_conv_kernel<__nv_bfloat16, decltype(v)::value, decltype(packed)::value>(a);
+      else dw_conv_kernel<__half, decltype(v)::value, decltype(packed)::value>(a);
+    });
   };
   return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
 }
@@ -80,17 +74,11 @@ extern "C" int emu_dw_conv_backward_input(int bf16, long long n, int h, int w, i
   *vec_out = vec;
   static unsigned char no_smem[16];
   if (grid == 0) grid = static_cast<unsigned>(dw_conv_backward_ctas(a, vec, 2 * 32));
-  const bool packed = vec == 8 && !a.params_f32;
-  auto body = [&] {
-    if (bf16) {
-      if (packed) dw_conv_backward_input_kernel<__nv_bfloat16, 8, true>(a);
-      else if (vec == 8) dw_conv_backward_input_kernel<__nv_bfloat16, 8, false>(a);
-      else dw_conv_backward_input_kernel<__nv_bfloat16, 1, false>(a);
-    } else {
-      if (packed) dw_conv_backward_input_kernel<__half, 8, true>(a);
-      else if (vec == 8) dw_conv_backward_input_kernel<__half, 8, false>(a);
-      else dw_conv_backward_input_kernel<__half, 1, false>(a);
-    }
+  auto body = [&] {  // the variant the CUDA launcher runs (with_kernel_variant)
+    with_kernel_variant(vec, a.params_f32, [&](auto v, auto packed) {
+      if (bf16) dw_conv_backward_input_kernel<__nv_bfloat16, decltype(v)::value, decltype(packed)::value>(a);
+      else dw_conv_backward_input_kernel<__half, decltype(v)::value, decltype(packed)::value>(a);
+    });
   };
   return cuda_emu::launch(body, grid, kThreads, no_smem, sizeof(no_smem), seed) ? 0 : 1;
 }
