@@ -483,3 +483,43 @@ def _scale_samples_backward(ctx, grad):
 
 torch.library.register_autograd("cutlass_ops::scale_samples", _scale_samples_backward,
                                 setup_context=_scale_samples_setup)
+
+
+# ---- conv_embed: tokens = LayerNorm(conv2d(x, w, b)) over the channels ----------------------------
+
+_CONV_EMBED_DEFAULTS = (False, None, None, 1e-5)  # the schema's layer_norm, ln_weight, ln_bias, eps
+
+
+def _conv_embed_setup(ctx, inputs, output):
+    # a direct torch.ops call may leave the defaulted arguments out of `inputs`
+    x, weight, bias, stride, padding, *rest = inputs
+    layer_norm, ln_weight, ln_bias, eps = tuple(rest) + _CONV_EMBED_DEFAULTS[len(rest):]
+    ctx.geometry = (stride, padding, layer_norm, eps)
+    ctx.save_for_backward(x, weight, bias, ln_weight, ln_bias)
+
+
+def _conv_embed_backward(ctx, grad):
+    """The forward recomputed by ATen in float32 (float64 for float64) and differentiated there:
+    the op's kernel has no backward of its own (FusedCvT trains through cuDNN's conv instead)."""
+    x, weight, bias, ln_weight, ln_bias = ctx.saved_tensors
+    stride, padding, layer_norm, eps = ctx.geometry
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    saved = (x, weight, bias, ln_weight, ln_bias)
+    passed = len(ctx.needs_input_grad)  # a direct torch.ops call may pass fewer arguments
+    needs = [i < passed and ctx.needs_input_grad[i] for i in (0, 1, 2, 6, 7)]  # those five's arguments
+    inputs = [t.detach().to(ct).requires_grad_(need) if t is not None else None for t, need in zip(saved, needs)]
+    with torch.enable_grad():
+        y = torch.nn.functional.conv2d(inputs[0], inputs[1], inputs[2], stride, padding)
+        t = y.flatten(2).transpose(1, 2)
+        if layer_norm:
+            t = torch.nn.functional.layer_norm(t, (t.shape[-1],), inputs[3], inputs[4], eps)
+        wanted = [i for i, v in enumerate(inputs) if v is not None and v.requires_grad]
+        grads = torch.autograd.grad(t, [inputs[i] for i in wanted], grad.to(ct)) if wanted else ()
+    out = [None] * 5
+    for i, g in zip(wanted, grads):
+        out[i] = g.to(saved[i].dtype)
+    x_g, w_g, b_g, lnw_g, lnb_g = out
+    return (x_g, w_g, b_g, None, None, None, lnw_g, lnb_g, None)[:passed]
+
+
+torch.library.register_autograd("cutlass_ops::conv_embed", _conv_embed_backward, setup_context=_conv_embed_setup)

@@ -92,8 +92,8 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Drop
                           VisionTransformer, drop_path_mask, layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .linear import linear
-from .ops import (conv2d_fused, conv2d_fused_last_kernel, dw_conv3x3_tokens, layer_norm_rows, linear_silu,
-                  linear_silu_kernels, scale_samples)
+from .ops import (conv2d_fused, conv2d_fused_last_kernel, conv_embed, dw_conv3x3_tokens, layer_norm_rows,
+                  linear_silu, linear_silu_kernels, scale_samples)
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
@@ -204,6 +204,32 @@ def _constant(value: float, device: torch.device) -> torch.Tensor:
     return _CONSTANTS[key]
 
 
+def conv_embed_enabled() -> bool:
+    """CUTLASS_OPS_CVT_CONV_EMBED (default on; autograd off): a conv embedding whose input
+    channels are not a multiple of 8 (stage 1's 7x7/4 from the image) as one ``conv_embed``
+    kernel (kernels/conv_embed: the patches gathered from the NCHW image, the conv on tensor
+    cores, its bias and the LayerNorm on the accumulators), where cuDNN ran the conv after a
+    layout copy of the image, then a bias pass and the LayerNorm kernel.  =0 turns it off; read
+    per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_CONV_EMBED", "1") != "0"
+
+
+def conv_embed_can_run(patch_embed, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether FusedCvT._embed takes this embedding as one conv_embed call: switched on, CUDA,
+    16-bit, input channels not a multiple of 8 (conv2d_fused takes the others), a plain conv
+    (no dilation, no groups, zero padding), and no gradient wanted (the op's backward
+    recomputes with ATen: training keeps cuDNN's conv and its wgrad).  Shapes the kernel does
+    not take run ATen's path inside the op, still correct."""
+    proj, norm = patch_embed.proj, patch_embed.norm
+    params = [t for t in (proj.weight, proj.bias) + ((norm.weight, norm.bias) if norm is not None else ())
+              if t is not None]
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params))
+    return (conv_embed_enabled() and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and not wants_grad
+            and x.shape[1] % 8 != 0 and proj.dilation == (1, 1) and proj.groups == 1
+            and proj.padding_mode == "zeros" and isinstance(proj.padding, tuple)
+            and (norm is None or isinstance(norm, nn.LayerNorm)))
+
+
 def fused_layer_norm_enabled() -> bool:
     """CUTLASS_OPS_CVT_FUSED_LN (default on): the blocks' LayerNorms run as ``layer_norm_rows``
     (one kernel for the residual add before each and the LayerNorm), instead of ATen's add, casts and
@@ -304,7 +330,6 @@ class FusedCvT(ConvolutionalVisionTransformer):
             raise TypeError(f"FusedCvT: input must be a tensor, got {type(x).__name__}")
         autocast_dtype = self._autocast_dtype(x)
         self._check_input(x, autocast_dtype)
-        x = x.contiguous(memory_format=torch.channels_last)
         cls_tokens = None
         folds = self._eval_folds()
         for i, stage in enumerate(self.stages()):
@@ -340,6 +365,16 @@ class FusedCvT(ConvolutionalVisionTransformer):
         weight = proj.weight
         if autocast_dtype is not None:  # as autocast does for F.conv2d
             x, weight = x.to(autocast_dtype), weight.to(autocast_dtype)
+        if conv_embed_can_run(stage.patch_embed, x, weight):  # the image as the caller holds it
+            norm = stage.patch_embed.norm
+            t = conv_embed(x, weight, proj.bias, list(proj.stride), list(proj.padding), norm is not None,
+                           *((norm.weight, norm.bias, norm.eps) if norm is not None else ()))
+            n, c = t.shape[0], t.shape[2]
+            h = (x.shape[2] + 2 * proj.padding[0] - proj.kernel_size[0]) // proj.stride[0] + 1
+            if report is not None:
+                report.append((name, (n, c, h, t.shape[1] // h), "conv_embed"))
+            return t, (n, c, h, t.shape[1] // h)
+        x = x.contiguous(memory_format=torch.channels_last)
         if x.is_cuda and x.shape[1] % 8 != 0:  # alignment-1 CUTLASS kernels only: cuDNN (module docstring)
             bias = proj.bias.to(weight.dtype) if proj.bias is not None else None
             y = F.conv2d(x, weight, bias, proj.stride, proj.padding)

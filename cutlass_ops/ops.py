@@ -504,3 +504,28 @@ def scale_samples(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 @torch.library.register_fake("cutlass_ops::scale_samples")
 def _scale_samples_fake(x, scale):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def conv_embed(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+               layer_norm: bool = False, ln_weight: Optional[torch.Tensor] = None,
+               ln_bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """A token embedding: conv2d(input, weight, bias, stride, padding) (no dilation, no groups),
+    then with layer_norm a LayerNorm over the output channels (ln_weight, ln_bias, eps), as
+    tokens (N, P*Q, K) in (n, p, q) order, contiguous, in input's dtype.  input: (N, C, H, W) in
+    any strides (NCHW as a user holds an image batch: no layout copy).  One CUDA kernel for
+    fp16/bf16 with C*R*S <= 256 and K 32, 64 or 128 (CvT's 7x7/4 embedding from 3 channels: the
+    patch gathered straight from the image, WMMA tensor cores, the bias and the LayerNorm in
+    float32 on the accumulators, one rounding); ATen in float32 (float64 for float64) otherwise.
+    Differentiable (the backward recomputes the conv and the LayerNorm with ATen)."""
+    _check_devices("conv_embed", ("input", input), ("weight", weight), ("bias", bias), ("ln_weight", ln_weight),
+                   ("ln_bias", ln_bias))
+    return torch.ops.cutlass_ops.conv_embed(input, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
+                                            bool(layer_norm), ln_weight, ln_bias, float(eps))
+
+
+@torch.library.register_fake("cutlass_ops::conv_embed")
+def _conv_embed_fake(input, weight, bias, stride, padding, layer_norm=False, ln_weight=None, ln_bias=None, eps=1e-5):
+    p = (input.shape[2] + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
+    q = (input.shape[3] + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
+    return input.new_empty((input.shape[0], p * q, weight.shape[0]))

@@ -429,20 +429,22 @@ def test_fused_cvt_cuda_inference(dtype, n):
     fused, x = _low_precision_check("cuda", dtype, n, 224, 224, train=False)
     report = fused.kernel_report(x)
     assert [r[1] for r in report] == [(n, 64, 56, 56), (n, 192, 28, 28), (n, 384, 14, 14)]
-    # the stem (C_in = 3) runs cuDNN (its alignment-1 CUTLASS kernel was 9.6x slower on an H100);
-    # the other two conv embeddings really run generated CUTLASS kernels
-    assert report[0][2].startswith("aten (cuDNN"), report[0]
+    # the stem (C_in = 3) runs conv_embed with autograd off (kernel_report's no_grad); the other
+    # two conv embeddings really run generated CUTLASS kernels
+    assert report[0][2] == "conv_embed", report[0]
     for layer, _, kernel in report[1:]:
         assert kernel.startswith("cutlass_ops_conv2d_fused_"), (layer, kernel)
 
 
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("switches", [{}, {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"}, {"CUTLASS_OPS_CVT_DW_TOKENS": "0"}],
-                         ids=["default", "silu_epilogue", "no_dw_tokens"])
+@pytest.mark.parametrize("switches", [{}, {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"}, {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
+                                      {"CUTLASS_OPS_CVT_CONV_EMBED": "0"}],
+                         ids=["default", "silu_epilogue", "no_dw_tokens", "no_conv_embed"])
 def test_fused_cvt_cuda_inference_paths(dtype, switches, monkeypatch):
     """Inference (autograd off) runs each attention's q/k/v dw convs as one dw_conv3x3_tokens
-    call by default (=0: cuDNN's), and with CUTLASS_OPS_CVT_SILU_EPILOGUE=1 each MLP's fc1 with
+    call by default (=0: cuDNN's) and stage 1's embedding as one conv_embed call (=0: cuDNN's
+    conv and the LayerNorm kernel), and with CUTLASS_OPS_CVT_SILU_EPILOGUE=1 each MLP's fc1 with
     its SiLU as one conv2d_fused kernel (a CUTLASS kernel, not the ATen fallback): each within
     1.5x the reference's own error against float64."""
     import cutlass_ops.fused_cvt as fused_cvt
@@ -458,12 +460,15 @@ def test_fused_cvt_cuda_inference_paths(dtype, switches, monkeypatch):
         return y
     monkeypatch.setattr(fused_cvt, "conv2d_fused", counting_conv)
     monkeypatch.setattr(fused_cvt, "dw_conv3x3_tokens", lambda *a: dw_calls.append(1) or dw(*a))
+    embed_calls, embed = [], fused_cvt.conv_embed
+    monkeypatch.setattr(fused_cvt, "conv_embed", lambda *a: embed_calls.append(1) or embed(*a))
     _low_precision_check("cuda", dtype, 3, 224, 224, train=False)
     silu_on = switches.get("CUTLASS_OPS_CVT_SILU_EPILOGUE") == "1"
     dw_on = switches.get("CUTLASS_OPS_CVT_DW_TOKENS") != "0"
     assert len(kernels) == (13 if silu_on else 0), kernels  # one forward: 13 blocks
     assert all(k.startswith("cutlass_ops_conv2d_fused_") for k in kernels), kernels
     assert len(dw_calls) == (13 if dw_on else 0)
+    assert len(embed_calls) == (0 if switches.get("CUTLASS_OPS_CVT_CONV_EMBED") == "0" else 1)
 
 
 @cuda_only
