@@ -1,5 +1,5 @@
 // CUDA implementation of cutlass_ops::conv_embed (kernel in conv_embed_kernel.cu): fp16/bf16 with
-// C*R*S <= 256 and K 32, 64 or 128 run the kernel; anything else ATen's path (conv_embed_op.cpp).
+// C*R <= 32, S <= 8 and K 32, 64 or 128 run the kernel; anything else ATen's path (conv_embed_op.cpp).
 #include <cstdint>
 
 #include "common/cuda_device.h"
@@ -22,8 +22,9 @@ Tensor conv_embed_cuda(Tensor const& input, Tensor const& weight, std::optional<
   int64_t const C = input.size(1), R = weight.size(2), S = weight.size(3);
   int64_t const pixels = o.N * o.P * o.Q;
   // The kernel indexes pixels with 32-bit ints (and a tile past the last one).
-  if (!kernel_supports(kdt, compute_capability(dev), static_cast<int>(C * R * S), static_cast<int>(o.K),
-                       static_cast<int>(S)) ||
+  if (C > 256 || R > 256 || S > 256 || o.K > 256 ||
+      !kernel_supports(kdt, compute_capability(dev), static_cast<int>(C), static_cast<int>(R), static_cast<int>(S),
+                       static_cast<int>(o.K)) ||
       pixels >= INT32_MAX - 4096 || input.size(2) >= INT32_MAX / 2 || input.size(3) >= INT32_MAX / 2)
     return fallback();
   Tensor out = empty({o.N, o.P * o.Q, o.K}, dtype, input.device());
@@ -54,6 +55,9 @@ Tensor conv_embed_cuda(Tensor const& input, Tensor const& weight, std::optional<
   a.eps = static_cast<float>(eps);
   a.output = out.data_ptr();
   a.programmatic_launch = programmatic_launch_allowed(dev);
+  a.paired_loads = a.in_stride[3] == 1 && a.in_stride[0] % 2 == 0 && a.in_stride[1] % 2 == 0 &&
+                   a.in_stride[2] % 2 == 0 && a.stride_w % 2 == 0 && a.pad_w % 2 == 0 && a.W % 2 == 0 &&
+                   reinterpret_cast<std::uintptr_t>(a.input) % 4 == 0;
   cudaError_t err = launch_conv_embed(a, multiprocessor_count(dev), current_cuda_stream(dev));
   CUTLASS_OPS_CHECK(err == cudaSuccess, "conv_embed: kernel launch failed: ", cudaGetErrorString(err));
   return out;

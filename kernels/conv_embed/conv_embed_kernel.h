@@ -27,12 +27,14 @@ struct ConvEmbedArgs {
   bool layer_norm;                     // LayerNorm over K after the bias
   float eps;
   void* output;                        // (N * P * Q, K) contiguous
+  bool paired_loads;                   // stride_w 1, even n/c/h strides, even stride_w and pad_w, even
+                                       // W, a 4-byte aligned input: two columns a load
   bool programmatic_launch;
 };
 
-// Whether the kernel takes this problem: fp16 on sm70+, bf16 on sm80+; C*R*S <= 256 (the
-// patch row in shared memory); K 32, 64 or 128; S <= 32.
-bool kernel_supports(DType dtype, int cc, int crs, int K, int S);
+// Whether the kernel takes this problem: fp16 on sm70+, bf16 on sm80+; a kernel at most 8 wide
+// with C*R <= 32 (the patch row, C*R window rows of 8, in shared memory); K 32, 64 or 128.
+bool kernel_supports(DType dtype, int cc, int C, int R, int S, int K);
 
 // Returns the launch's cudaError.
 cudaError_t launch_conv_embed(ConvEmbedArgs const& a, int num_sms, cudaStream_t stream);
