@@ -523,31 +523,3 @@ def _conv_embed_backward(ctx, grad):
 
 
 torch.library.register_autograd("cutlass_ops::conv_embed", _conv_embed_backward, setup_context=_conv_embed_setup)
-
-
-# ---- attention_tokens: softmax(scale q_h k_h^T) v_h per head, token layout ------------------------
-
-def _attention_tokens_setup(ctx, inputs, output):
-    q, k, v, heads, scale = inputs
-    ctx.heads, ctx.scale = heads, scale
-    ctx.save_for_backward(q, k, v)
-
-
-def _attention_tokens_backward(ctx, grad):
-    """The forward recomputed by ATen in float32 (float64 for float64) and differentiated there
-    (FusedCvT trains through SDPA instead)."""
-    q, k, v = ctx.saved_tensors
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-    ins = [t.detach().to(ct).requires_grad_(need) for t, need in zip((q, k, v), ctx.needs_input_grad[:3])]
-    n, heads = q.shape[0], ctx.heads
-    split = lambda t: t.view(n, t.shape[1], heads, t.shape[2] // heads).transpose(1, 2)  # noqa: E731
-    with torch.enable_grad():
-        o = torch.softmax(split(ins[0]) @ split(ins[1]).transpose(-2, -1) * ctx.scale, dim=-1) @ split(ins[2])
-        o = o.transpose(1, 2).reshape(q.shape)
-        wanted = [t for t in ins if t.requires_grad]
-        grads = iter(torch.autograd.grad(o, wanted, grad.to(ct)) if wanted else ())
-    return (*(next(grads).to(t.dtype) if t.requires_grad else None for t in ins), None, None)
-
-
-torch.library.register_autograd("cutlass_ops::attention_tokens", _attention_tokens_backward,
-                                setup_context=_attention_tokens_setup)

@@ -92,8 +92,8 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Drop
                           VisionTransformer, drop_path_mask, layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .linear import linear
-from .ops import (attention_tokens, conv2d_fused, conv2d_fused_last_kernel, conv_embed, dw_conv3x3_tokens,
-                  layer_norm_rows, linear_silu, linear_silu_kernels, scale_samples)
+from .ops import (conv2d_fused, conv2d_fused_last_kernel, conv_embed, dw_conv3x3_tokens, layer_norm_rows,
+                  linear_silu, linear_silu_kernels, scale_samples)
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
@@ -228,25 +228,6 @@ def conv_embed_can_run(patch_embed, x: torch.Tensor, weight: torch.Tensor) -> bo
             and x.shape[1] % 8 != 0 and proj.dilation == (1, 1) and proj.groups == 1
             and proj.padding_mode == "zeros" and isinstance(proj.padding, tuple)
             and (norm is None or isinstance(norm, nn.LayerNorm)))
-
-
-def attention_tokens_enabled() -> bool:
-    """CUTLASS_OPS_CVT_ATTENTION (default on; autograd off): the attentions with at most 256
-    keys (stages 2 and 3) as one ``attention_tokens`` kernel each (kernels/attention: a head's
-    keys and values whole in shared memory, the token layout in and out), where cuDNN's SDPA
-    (the fastest of PyTorch's backends at these shapes) ran with the heads' transposes around it.
-    =0 turns it off; read per forward."""
-    return os.environ.get("CUTLASS_OPS_CVT_ATTENTION", "1") != "0"
-
-
-def attention_tokens_can_run(attn, q: torch.Tensor, k: torch.Tensor, training: bool) -> bool:
-    """Whether FusedCvT._attend takes this attention as one attention_tokens kernel: switched on,
-    autograd off (its backward recomputes with ATen), no attention dropout, 16-bit on an sm80+
-    GPU, head dim 64 and at most 256 keys (q, k: (N, heads, L, d) views)."""
-    return (attention_tokens_enabled() and q.is_cuda and not torch.is_grad_enabled()
-            and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == 64 and k.shape[2] <= 256
-            and not (training and attn.attn_drop.p > 0)
-            and torch.cuda.get_device_capability(q.device) >= (8, 0))
 
 
 def fused_layer_norm_enabled() -> bool:
@@ -669,10 +650,6 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def _attend(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention with CvT's scale over the heads, then the output projection: (N, L, dim)."""
         n = q.shape[0]
-        if attention_tokens_can_run(attn, q, k, self.training):
-            tokens = lambda t: t.transpose(1, 2).reshape(n, t.shape[2], attn.dim)  # noqa: E731  (views)
-            o = attention_tokens(tokens(q), tokens(k), tokens(v), attn.num_heads, attn.scale)
-            return attn.proj_drop(linear(o, attn.proj.weight, attn.proj.bias))
         if q.is_cuda:
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if self.training else 0.0,
                                                scale=attn.scale)

@@ -529,20 +529,3 @@ def _conv_embed_fake(input, weight, bias, stride, padding, layer_norm=False, ln_
     p = (input.shape[2] + 2 * padding[0] - weight.shape[2]) // stride[0] + 1
     q = (input.shape[3] + 2 * padding[1] - weight.shape[3]) // stride[1] + 1
     return input.new_empty((input.shape[0], p * q, weight.shape[0]))
-
-
-def attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
-    """Multi-head attention on token tensors: q (N, Lq, C), k and v (N, Lkv, C), C = heads x d
-    -> (N, Lq, C), head h's softmax(scale q_h k_h^T) v_h in channels h*d .. (h+1)*d - 1: the
-    layout the q/k/v Linears write and the output projection reads (no transposes).  One CUDA
-    kernel (sm80+, fp16/bf16) for d = 64 and at most 256 keys, the keys and values of a head whole
-    in shared memory, float32 scores and softmax, the probabilities rounded to the input dtype
-    before P V as flash attention does; ATen in float32 (float64 for float64) otherwise: correct,
-    slower than SDPA.  Differentiable (the backward recomputes with ATen)."""
-    _check_devices("attention_tokens", ("q", q), ("k", k), ("v", v))
-    return torch.ops.cutlass_ops.attention_tokens(q, k, v, int(heads), float(scale))
-
-
-@torch.library.register_fake("cutlass_ops::attention_tokens")
-def _attention_tokens_fake(q, k, v, heads, scale):
-    return q.new_empty(q.shape)

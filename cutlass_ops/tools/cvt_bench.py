@@ -40,10 +40,9 @@ from .train_check import plot, train_losses
 # captured: the default fuses the LayerNorms (layer_norm_rows), runs QuickGELU as one SiLU and
 # (eval, autograd off) each attention's three dw_bn projections as one dw_conv3x3_tokens kernel
 # and (eval, autograd off, sm90) each MLP's fc1 with its SiLU as one linear_silu kernel and
-# (autograd off) stage 1's embedding as one conv_embed kernel and the attentions of stages 2 and
-# 3 as attention_tokens kernels (all timed faster); the variants turn one off ("unfused LN",
-# "QuickGELU", "no LN/SiLU fusion", "cuDNN embedding": cuDNN's conv, a bias pass and the
-# LayerNorm kernel for stage 1's embedding, "SDPA": cuDNN's SDPA for every attention,
+# (autograd off) stage 1's embedding as one conv_embed kernel (all timed faster); the variants
+# turn one off ("unfused LN", "QuickGELU", "no LN/SiLU fusion", "cuDNN embedding": cuDNN's conv,
+# a bias pass and the LayerNorm kernel for stage 1's embedding,
 # "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias in the q/k/v
 # Linears; "dw bias after conv": the same with the bias added after the conv; "cuBLAS fc1":
 # cuBLAS's fc1 and a SiLU pass), or turn on an opt-in one: stage 1's MLP as one FusedMLP kernel
@@ -59,7 +58,6 @@ FUSED_CVT_VARIANTS = {
     "FusedCvT cuBLAS fc1 + CUDA graph": {"CUTLASS_OPS_CVT_LINEAR_SILU": "0"},
     "FusedCvT cuDNN dw convs + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
     "FusedCvT cuDNN embedding + CUDA graph": {"CUTLASS_OPS_CVT_CONV_EMBED": "0"},
-    "FusedCvT SDPA + CUDA graph": {"CUTLASS_OPS_CVT_ATTENTION": "0"},
     "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},
 }
