@@ -294,7 +294,7 @@ def main(argv=None) -> int:
                         "forms (dgrad/wgrad vs cuDNN per conv: `profile --backward`); mlp: FusedMLP vs "
                         "eager and torch.compile max-autotune on issue 19's four MLPs (+ one), inference and "
                         "fwd+bwd, batch 2^14, 2^18, 2^21 (throughput, latency and device time, JSON); cvt: "
-                        "FusedCvT (CvT-13; fused so far: two conv embeddings, the LayerNorms with their residual adds, forward and backward, and in inference the q/k/v depthwise convs) inference and a training "
+                        "FusedCvT (CvT-13; fused so far: the conv embeddings (the first in inference), the LayerNorms with their residual adds, forward and backward, QuickGELU as one SiLU (on sm90 in inference inside fc1's GEMM), the q/k/v depthwise convs, the drop path) inference and a training "
                         "step vs the same peers as resnet/train (JSON + PNGs); cvt-ops: CvT-13's parts (embedding, norm, "
                         "projection, attention, MLP) one at a time at each stage's shapes, FusedCvT's path vs the "
                         "reference's, forward and forward+backward (--n, --size; JSON); b2b: conv2d_b2b (3x3 C->K then "

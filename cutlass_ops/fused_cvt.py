@@ -11,7 +11,14 @@ only the forward differs.  What runs where, per forward:
     - not the first, 7x7/4 from C_in=3: an input whose channels are not a multiple of 8 gets
       only alignment-1 CUTLASS kernels, and on an H100 (N=64, 224x224, fp16) the one picked took
       1019 us against cuDNN's 106 us for the same conv in the same run
-      (docs/results/cvt_fp16_h100_n64.json), so it runs as ATen's conv (cuDNN) with its bias.
+      (docs/results/cvt_fp16_h100_n64.json), so under autograd it runs as ATen's conv (cuDNN)
+      with its bias, then the LayerNorm kernel.
+
+  stage 1's embedding with autograd off (CUTLASS_OPS_CVT_CONV_EMBED=0 turns it off): the 7x7/4
+  conv from the image, its bias and its LayerNorm as one ``conv_embed`` kernel
+  (kernels/conv_embed: the patches gathered from the NCHW image, no layout copy, WMMA, the
+  LayerNorm on the accumulators).  H100, one process: forward N=64 3.163 -> 3.009 ms, N=256
+  11.460 -> 10.897 (docs/results/cvt_h100_session15/).
 
   fused LayerNorms (``layer_norm_rows``, kernels/layer_norm; CUTLASS_OPS_CVT_FUSED_LN=0 turns
   them off): each block's two LayerNorms and the embeddings' in one kernel with the residual add

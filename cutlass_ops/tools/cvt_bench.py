@@ -189,10 +189,13 @@ def bench_cvt(infer_batches=CVT_INFER_BATCHES, train_batches=CVT_TRAIN_BATCHES, 
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return {"model": "CvT-13", "size": size, "dtype": str(dtype)[6:],
-            "fused_parts": "conv embeddings 2 and 3: conv2d_fused (CUTLASS, conv + bias; the 7x7 stem on cuDNN); "
+            "fused_parts": "conv embeddings 2 and 3: conv2d_fused (CUTLASS, conv + bias); the 7x7 embedding with its "
+                           "LayerNorm: conv_embed (autograd off; cuDNN + layer_norm_rows in training); "
                            "LayerNorms with the residual add before each: layer_norm_rows; QuickGELU as one "
-                           "SiLU (its scales as the GEMMs' alpha); everything else PyTorch (depthwise conv with BatchNorm folded "
-                           "in eval, linears, SDPA, the head's LayerNorm)",
+                           "SiLU (its scales as the GEMMs' alpha; on sm90 with autograd off fc1 + SiLU as linear_silu); "
+                           "the q/k/v depthwise convs: dw_conv3x3_tokens (BatchNorm folded in eval; in training the "
+                           "convs and their input gradients); the drop path: scale_samples; everything else PyTorch "
+                           "(linears, SDPA, BatchNorm in training, the head's LayerNorm)",
             "timing": {"throughput": f"inference: {calls} back-to-back calls between two CUDA events, training: "
                                      f"{max(1, calls // 5)} steps; median of {reps}",
                        "latency": "one synchronized call between two CUDA events, median",
