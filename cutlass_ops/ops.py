@@ -514,9 +514,10 @@ def conv_embed(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     then with layer_norm a LayerNorm over the output channels (ln_weight, ln_bias, eps), as
     tokens (N, P*Q, K) in (n, p, q) order, contiguous, in input's dtype.  input: (N, C, H, W) in
     any strides (NCHW as a user holds an image batch: no layout copy).  One CUDA kernel for
-    fp16/bf16 with C*R*S <= 256 and K 32, 64 or 128 (CvT's 7x7/4 embedding from 3 channels: the
-    patch gathered straight from the image, WMMA tensor cores, the bias and the LayerNorm in
-    float32 on the accumulators, one rounding); ATen in float32 (float64 for float64) otherwise.
+    fp16/bf16 with a kernel at most 8 wide, C*R <= 32 and K 32, 64 or 128 (CvT's 7x7/4 embedding
+    from 3 channels: the patch gathered straight from the image, WMMA tensor cores, the bias and
+    the LayerNorm in float32 on the accumulators, one rounding); ATen in float32 (float64 for
+    float64) otherwise.
     Differentiable (the backward recomputes the conv and the LayerNorm with ATen)."""
     _check_devices("conv_embed", ("input", input), ("weight", weight), ("bias", bias), ("ln_weight", ln_weight),
                    ("ln_bias", ln_bias))

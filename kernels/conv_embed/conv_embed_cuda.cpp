@@ -14,15 +14,19 @@ Tensor conv_embed_cuda(Tensor const& input, Tensor const& weight, std::optional<
                        std::optional<Tensor> const& ln_bias, double eps) {
   OutputShape o = check_inputs(input, weight, bias, stride, padding, layer_norm, ln_weight, ln_bias, eps);
   ScalarType const dtype = input.scalar_type();
-  auto fallback = [&] { return conv_embed_aten(input, weight, bias, stride, padding, layer_norm, ln_weight, ln_bias, eps); };
+  auto fallback = [&] {
+    return conv_embed_aten(input, weight, bias, stride, padding, layer_norm, ln_weight, ln_bias, eps);
+  };
   if (dtype != kHalf && dtype != kBFloat16) return fallback();
   int const dev = input.get_device_index();
   DeviceGuard guard(dev);
   DType const kdt = dtype == kHalf ? DType::kF16 : DType::kBF16;
   int64_t const C = input.size(1), R = weight.size(2), S = weight.size(3);
   int64_t const pixels = o.N * o.P * o.Q;
-  // The kernel indexes pixels with 32-bit ints (and a tile past the last one).
-  if (C > 256 || R > 256 || S > 256 || o.K > 256 ||
+  // The kernel indexes pixels, rows and columns with 32-bit ints (and a tile past the last pixel).
+  constexpr int64_t kGeometryLimit = int64_t(1) << 20;
+  if (C > 256 || R > 256 || S > 256 || o.K > 256 || stride[0] > kGeometryLimit || stride[1] > kGeometryLimit ||
+      padding[0] > kGeometryLimit || padding[1] > kGeometryLimit ||
       !kernel_supports(kdt, compute_capability(dev), static_cast<int>(C), static_cast<int>(R), static_cast<int>(S),
                        static_cast<int>(o.K)) ||
       pixels >= INT32_MAX - 4096 || input.size(2) >= INT32_MAX / 2 || input.size(3) >= INT32_MAX / 2)
