@@ -113,8 +113,9 @@ def test_cuda_inf_just_past_a_window(layout):
 
 @cuda_only
 def test_cuda_runs_the_kernel_and_falls_back_for_other_shapes():
-    """CvT's shape runs conv_embed_kernel (seen by the profiler); K = 48 (not 32/64/128),
-    C*R*S > 256 and a window wider than 8 run ATen's path: the same numbers, no kernel of ours."""
+    """CvT's shape runs conv_embed_kernel (seen by the profiler); K = 48 (not 32/64/128), more
+    than 32 window rows (C*R) and a window wider than 8 run ATen's path: the same numbers, no
+    kernel of ours."""
     def kernels_of(*args):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             out = conv_embed(*args)
