@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "common/dynamic_smem.h"
+#include "common/half_chunk.cuh"
 #include "common/programmatic_launch.cuh"
 
 namespace cutlass_ops {
@@ -67,20 +68,6 @@ Layout make_layout(int window_rows, int K) {
   s.warp_bytes = (larger + 127) / 128 * 128;
   return s;
 }
-
-template <typename T> struct Pack;
-template <> struct Pack<__half> {
-  static __device__ uint32_t two(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-template <> struct Pack<__nv_bfloat16> {
-  static __device__ uint32_t two(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
 
 // v = *p where `pred`, else 0: a predicated load whose address is formed unconditionally (as an
 // integer: it may point outside the image where pred is false).  Written as PTX because nvcc,
@@ -260,16 +247,10 @@ __device__ void conv_embed_body(ConvEmbedArgs const& a, Layout const& s) {
       for (int k = 0; k < K; ++k) v[k] = (v[k] - mean) * rstd * gamma[k] + beta[k];
     }
     __syncwarp();  // every lane has read its accumulator row: the staging may overwrite them
-    uint4* staged = reinterpret_cast<uint4*>(out_tile + lane * s.ldout);
+    T* staged = reinterpret_cast<T*>(out_tile + lane * s.ldout);
 #pragma unroll
-    for (int k8 = 0; k8 < K / 8; ++k8) {
-      uint4 u;
-      u.x = Pack<T>::two(v[8 * k8], v[8 * k8 + 1]);
-      u.y = Pack<T>::two(v[8 * k8 + 2], v[8 * k8 + 3]);
-      u.z = Pack<T>::two(v[8 * k8 + 4], v[8 * k8 + 5]);
-      u.w = Pack<T>::two(v[8 * k8 + 6], v[8 * k8 + 7]);
-      staged[k8] = u;
-    }
+    for (int k8 = 0; k8 < K / 8; ++k8)
+      store_floats<8>(staged + 8 * k8, *reinterpret_cast<float const(*)[8]>(v + 8 * k8));
     __syncwarp();
     // The tile's tokens are one contiguous stretch of the output: 16-byte chunks, lane-strided.
     int const rows = M - m0 < kPixels ? M - m0 : kPixels;
