@@ -159,6 +159,231 @@ __global__ void __launch_bounds__(kThreads, kPacked ? 2 : 1) dw_conv_kernel(DwCo
   }
 }
 
+// ---- The tiled forward kernel (dw_conv_tile_kernel) ---------------------------------------------
+//
+// One CTA per (image, band of `rows` input rows, slice of up to kTileChunks 8-channel chunks):
+// the band with a row and a column of halo on each side goes into shared memory once, zeros
+// outside the map (16-byte copies, asynchronous on sm80+), then every projection's outputs
+// centred in the band are computed from there.  The strip kernel above loads each input
+// element about 7 times through L1 (every projection its own windows) and converts each
+// element and tap to float at every use; here a thread keeps its chunk's 72 taps as floats and
+// slides along a row of outputs one new window column (3 pixels x 8 channels) at a time, each
+// converted once and added to the 3 outputs it touches (2 at stride 2).
+constexpr int kTileThreads = 128;
+constexpr int kTileChunks = 8;          // 64 channels: a warp's 16-byte reads cover whole pixels
+constexpr int kTileStrip = 8;           // outputs along a row per work item
+constexpr int kTileMaxBytes = 64 * 1024;  // three CTAs an SM (128 threads, <= 170 registers each)
+
+struct TileShape {
+  int rows;     // input rows a CTA centres its outputs on (even: stride-2 rows line up)
+  int chunks;   // 8-channel chunks per slice
+  int bands;    // ceil(h / rows)
+  int slices;   // ceil((c / 8) / chunks)
+};
+
+__host__ __device__ inline long long tile_bytes(int rows, int w, int chunks) {
+  return static_cast<long long>(rows + 2) * (w + 2) * chunks * 16;
+}
+
+// The tiled kernel's shape for a 16-byte-vector launch (dw_conv_vec == 8), or rows == 0 where
+// its band does not fit shared memory (maps wider than ~120 pixels; the strip kernel then).
+// The band is as tall as shared memory allows, then halved (to 2 rows) until the grid fills
+// `min_ctas` CTAs: small batches get more, shorter bands.
+inline TileShape dw_tile_shape(DwConvArgs const& a, long long min_ctas) {
+  TileShape s{0, 0, 0, 0};
+  s.chunks = a.c / 8 < kTileChunks ? a.c / 8 : kTileChunks;
+  if (s.chunks == 0 || tile_bytes(2, a.w, s.chunks) > kTileMaxBytes) return s;
+  s.slices = (a.c / 8 + s.chunks - 1) / s.chunks;
+  int rows = a.h + (a.h & 1);
+  while (rows > 2 && tile_bytes(rows, a.w, s.chunks) > kTileMaxBytes) rows -= 2;
+  while (rows > 2 && a.n * s.slices * ((a.h + rows - 1) / rows) < min_ctas) rows = ((rows / 2) + 1) & ~1;
+  s.rows = rows;
+  s.bands = (a.h + rows - 1) / rows;
+  return s;
+}
+
+// 16 bytes global -> shared, zeros where !valid (src then unread).
+__device__ __forceinline__ void copy16_or_zero(uint4* dst, void const* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+#else
+  *dst = valid ? *static_cast<uint4 const*>(src) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+__device__ __forceinline__ void copies_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::);
+#endif
+}
+
+// A chunk's 72 taps (w(e * 9 + t)) as floats; 16-bit ones as nine 16-byte loads (the
+// launcher's 16-byte path has the weight aligned: dw_conv_vec).
+template <typename T>
+__device__ __forceinline__ void load_taps(DwConvArgs const& a, long long first, float (&w)[72]) {
+  if (a.params_f32) {
+#pragma unroll
+    for (int f = 0; f < 72; ++f) w[f] = static_cast<float const*>(a.weight)[first + f];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      HalfChunk<T, 8> v;
+      v.load(static_cast<T const*>(a.weight) + first + 8 * k);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[8 * k + e] = to_float(v.v[e]);
+    }
+  }
+}
+
+// 8 channels of 3 window rows at one shared-memory column, as floats.
+template <typename T>
+__device__ __forceinline__ void load_window_column(uint4 const* const (&row)[3], int col, int chunks, float (&v)[3][8]) {
+#pragma unroll
+  for (int ky = 0; ky < 3; ++ky) {
+    uint4 raw = row[ky][col * chunks];
+    T const* e = reinterpret_cast<T const*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[ky][k] = to_float(e[k]);
+  }
+}
+
+// acc[e] (+)= sum over ky of column[ky][e] * tap (ky, kx)
+template <bool kStart>
+__device__ __forceinline__ void add_column(float (&acc)[8], float const (&col)[3][8], float const (&w)[72],
+                                           float const (&bias)[8], int kx) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float s = kStart ? bias[e] : acc[e];
+#pragma unroll
+    for (int ky = 0; ky < 3; ++ky) s += col[ky][e] * w[e * 9 + ky * 3 + kx];
+    acc[e] = s;
+  }
+}
+
+// The CTA's body (the kernel below; the CPU emulator calls it with its own shared memory).
+template <typename T>
+__device__ __forceinline__ void dw_tile_body(DwConvArgs const& a, TileShape const& s, uint4* tile) {
+  const int chunks_total = a.c / 8;
+  long long cta = blockIdx.x;
+  const int slice = static_cast<int>(cta % s.slices);
+  cta /= s.slices;
+  const int band = static_cast<int>(cta % s.bands);
+  const long long img = cta / s.bands;
+  const int r0 = band * s.rows;
+  const int g0 = slice * s.chunks;
+  const int gs = chunks_total - g0 < s.chunks ? chunks_total - g0 : s.chunks;  // this slice's chunks
+  const int cols = a.w + 2;
+  T const* image = static_cast<T const*>(a.x) + img * a.x_image_stride;
+
+  // 1. the band and its halo: shared row i, column k <- input row r0 - 1 + i, column k - 1
+  const int copies = (s.rows + 2) * cols * gs;
+  for (int i = threadIdx.x; i < copies; i += kTileThreads) {
+    const int g = i % gs, pixel = i / gs;
+    const int y = r0 - 1 + pixel / cols, x = pixel % cols - 1;
+    const bool inside = y >= 0 && y < a.h && x >= 0 && x < a.w;
+    T const* src = inside ? image + (static_cast<long long>(y) * a.w + x) * a.c + (g0 + g) * 8 : image;
+    copy16_or_zero(tile + pixel * s.chunks + g, src, inside);
+  }
+  // each output's lead rows (CvT's cls token), by the first band's CTAs, meanwhile
+  if (band == 0) {
+    for (int i = threadIdx.x; i < a.projections * a.lead * gs; i += kTileThreads) {
+      const int g = i % gs, r = (i / gs) % a.lead, j = i / (gs * a.lead);
+      const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
+      HalfChunk<T, 8> v;
+      v.load(static_cast<T const*>(a.lead_tokens) + img * a.lead_image_stride + static_cast<long long>(r) * a.c +
+             (g0 + g) * 8);
+      v.store(static_cast<T*>(a.y[j]) + (img * out_rows + r) * a.c + (g0 + g) * 8);
+    }
+  }
+  copies_wait();
+  __syncthreads();
+
+  // 2. work items: (projection, output row in the band, strip of kTileStrip outputs), the
+  // thread's chunk fixed; positions (threads sharing a chunk) take items in turn
+  const int g = threadIdx.x % s.chunks, position = threadIdx.x / s.chunks;
+  const int positions = kTileThreads / s.chunks;
+  if (g >= gs || position >= positions) return;  // (no barrier below)
+  int first_row[kMaxProjections], band_rows[kMaxProjections], strips[kMaxProjections];
+  int items = 0;
+  for (int j = 0; j < a.projections; ++j) {
+    const int st = a.stride[j];
+    first_row[j] = r0 / st;  // r0 even: a stride-2 output row's centre 2 oy lies in the band
+    const int end_row = (r0 + s.rows) / st < a.ho[j] ? (r0 + s.rows) / st : a.ho[j];
+    band_rows[j] = end_row - first_row[j];
+    strips[j] = (a.wo[j] + kTileStrip - 1) / kTileStrip;
+    items += band_rows[j] * strips[j];
+  }
+  float w[72], bias[8];
+  int taps_of = -1;
+  for (int item = position; item < items; item += positions) {
+    int j = 0, k = item;
+    while (k >= band_rows[j] * strips[j]) k -= band_rows[j] * strips[j++];
+    if (j != taps_of) {  // items go projection by projection: each thread loads a few tap sets
+      const long long first = (static_cast<long long>(j) * a.c + (g0 + g) * 8) * 9;
+      load_taps<T>(a, first, w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        bias[e] = a.bias ? load_param<T>(a.bias, static_cast<long long>(j) * a.c + (g0 + g) * 8 + e, a.params_f32)
+                         : 0.0f;
+      taps_of = j;
+    }
+    const int st = a.stride[j];
+    const int oy = first_row[j] + k / strips[j];
+    const int ox0 = (k % strips[j]) * kTileStrip;
+    const int count = a.wo[j] - ox0 < kTileStrip ? a.wo[j] - ox0 : kTileStrip;
+    // the window's top row: input row st * oy - 1, shared row st * oy - r0
+    uint4 const* const row[3] = {tile + ((st * oy - r0) * cols) * s.chunks + g,
+                                 tile + ((st * oy - r0 + 1) * cols) * s.chunks + g,
+                                 tile + ((st * oy - r0 + 2) * cols) * s.chunks + g};
+    const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
+    T* out = static_cast<T*>(a.y[j]) + (img * out_rows + a.lead + static_cast<long long>(oy) * a.wo[j] + ox0) * a.c +
+             (g0 + g) * 8;
+    float col[3][8], acc0[8], acc1[8];
+    // output ox reads shared columns st * ox .. st * ox + 2
+    if (st == 1) {
+      float acc2[8];
+      load_window_column<T>(row, ox0, s.chunks, col);
+      add_column<true>(acc0, col, w, bias, 0);
+      load_window_column<T>(row, ox0 + 1, s.chunks, col);
+      add_column<false>(acc0, col, w, bias, 1);
+      add_column<true>(acc1, col, w, bias, 0);
+#pragma unroll 1
+      for (int t = 0; t < count; ++t) {  // column ox0 + t + 2: the last of output t's window
+        load_window_column<T>(row, ox0 + t + 2, s.chunks, col);
+        add_column<false>(acc0, col, w, bias, 2);
+        store_floats<8>(out + static_cast<long long>(t) * a.c, acc0);
+        add_column<false>(acc1, col, w, bias, 1);
+        add_column<true>(acc2, col, w, bias, 0);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          acc0[e] = acc1[e];
+          acc1[e] = acc2[e];
+        }
+      }
+    } else {
+      load_window_column<T>(row, 2 * ox0, s.chunks, col);
+      add_column<true>(acc0, col, w, bias, 0);
+#pragma unroll 1
+      for (int t = 0; t < count; ++t) {
+        const int c0 = 2 * (ox0 + t);
+        load_window_column<T>(row, c0 + 1, s.chunks, col);
+        add_column<false>(acc0, col, w, bias, 1);
+        load_window_column<T>(row, c0 + 2, s.chunks, col);  // also the next output's first column
+        add_column<false>(acc0, col, w, bias, 2);
+        store_floats<8>(out + static_cast<long long>(t) * a.c, acc0);
+        add_column<true>(acc0, col, w, bias, 0);
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads, 3) dw_conv_tile_kernel(DwConvArgs a, TileShape s) {
+  extern __shared__ uint4 dw_tile[];
+  dw_tile_body<T>(a, s, dw_tile);
+}
+
 // ---- The input gradient (dw_conv_backward_input_kernel) ----------------------------------------
 //
 // grad_x = sum over the projections j of the transposed depthwise conv of grad_y[j]:
@@ -306,6 +531,32 @@ inline long long dw_conv_ctas(DwConvArgs const& a, int vec, long long cap) {
   for (int j = 0; j < a.projections; ++j) work += dw_conv_items(a, vec, j);
   const long long need = (work + kThreads - 1) / kThreads;
   return need < cap ? (need > 0 ? need : 1) : cap;
+}
+
+// The forward launch the CUDA launcher makes and the CPU emulator mirrors: the tiled kernel
+// where 16-byte vectors work and its band fits shared memory (unless `tiled` is off), else the
+// strip kernel (vec 8 or 1).  grid: CTAs; smem_bytes: the tiled kernel's dynamic shared memory.
+struct DwConvPlan {
+  int vec;
+  bool tiled;
+  TileShape shape;
+  long long grid;
+  long long smem_bytes;
+};
+
+inline DwConvPlan dw_conv_plan(DwConvArgs const& a, int num_sms, bool tiled) {
+  DwConvPlan p{dw_conv_vec(a), false, TileShape{0, 0, 0, 0}, 0, 0};
+  if (tiled && p.vec == 8) {
+    p.shape = dw_tile_shape(a, 2LL * num_sms);
+    if (p.shape.rows > 0) {
+      p.tiled = true;
+      p.grid = a.n * p.shape.bands * p.shape.slices;
+      p.smem_bytes = tile_bytes(p.shape.rows, a.w, p.shape.chunks);
+      return p;
+    }
+  }
+  p.grid = dw_conv_ctas(a, p.vec, 32LL * num_sms);
+  return p;
 }
 
 }  // namespace dw_conv

@@ -1,15 +1,33 @@
 #include "dw_conv/dw_conv_kernel.h"
 
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/dynamic_smem.h"
 #include "dw_conv/dw_conv_device.cuh"
 
 namespace cutlass_ops {
 namespace dw_conv {
 
+// CUTLASS_OPS_DW_TILE=0: the strip kernel everywhere (read at each launch, so that one process
+// can time both).
+static bool tiled_enabled() {
+  const char* v = std::getenv("CUTLASS_OPS_DW_TILE");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 template <typename T>
 static cudaError_t launch_typed(DwConvArgs const& a, int num_sms, cudaStream_t stream) {
-  const int vec = dw_conv_vec(a);
-  const int grid = static_cast<int>(dw_conv_ctas(a, vec, 32LL * num_sms));
-  with_kernel_variant(vec, a.params_f32, [&](auto v, auto packed) {
+  const DwConvPlan p = dw_conv_plan(a, num_sms, tiled_enabled());
+  if (p.tiled && p.grid <= INT32_MAX) {
+    cudaError_t err = allow_dynamic_smem(dw_conv_tile_kernel<T>, static_cast<size_t>(p.smem_bytes));
+    if (err != cudaSuccess) return err;
+    dw_conv_tile_kernel<T><<<static_cast<unsigned>(p.grid), kTileThreads, p.smem_bytes, stream>>>(a, p.shape);
+    return cudaGetLastError();
+  }
+  const int grid = static_cast<int>(dw_conv_ctas(a, p.vec, 32LL * num_sms));
+  with_kernel_variant(p.vec, a.params_f32, [&](auto v, auto packed) {
     dw_conv_kernel<T, decltype(v)::value, decltype(packed)::value><<<grid, kThreads, 0, stream>>>(a);
   });
   return cudaGetLastError();

@@ -5,13 +5,14 @@
 
 using namespace cutlass_ops::dw_conv;
 
-// Returns 0, 1 on a deadlock; vec_out: the vector width used.  strides and y: `projections`
-// entries each.  grid 0: the strip kernel's launcher count for a GPU of 2 SMs
-// (so that threads loop over several rows).
+// Returns 0, 1 on a deadlock; vec_out: the vector width used; tiled_out: 1 where the tiled
+// kernel ran (dw_conv_plan, as the launcher for a GPU of 2 SMs, `tiled` as CUTLASS_OPS_DW_TILE).
+// strides and y: `projections` entries each.  grid 0: the strip kernel's launcher count for a
+// GPU of 2 SMs (so that threads loop over several rows).
 extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int projections, const int* strides, int lead,
                            const void* x, long long x_image_stride, const void* weight, const void* bias,
                            int params_f32, const void* lead_tokens, long long lead_image_stride, void* const* y,
-                           unsigned grid, unsigned seed, int* vec_out) {
+                           unsigned grid, unsigned seed, int tiled, int* vec_out, int* tiled_out) {
   DwConvArgs a{};
   a.dtype = bf16 ? DType::kBF16 : DType::kF16;
   a.n = n;
@@ -33,8 +34,20 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int proje
   a.params_f32 = params_f32 != 0;
   a.lead_tokens = lead_tokens;
   a.lead_image_stride = lead_image_stride;
-  const int vec = dw_conv_vec(a);
+  const DwConvPlan plan = dw_conv_plan(a, 2, tiled != 0);
+  const int vec = plan.vec;
   *vec_out = vec;
+  *tiled_out = plan.tiled ? 1 : 0;
+  if (plan.tiled) {
+    std::vector<uint4> tile((plan.smem_bytes + 15) / 16);
+    const TileShape shape = plan.shape;
+    auto body = [&] {
+      if (bf16) dw_tile_body<__nv_bfloat16>(a, shape, tile.data());
+      else dw_tile_body<__half>(a, shape, tile.data());
+    };
+    return cuda_emu::launch(body, static_cast<unsigned>(plan.grid), kTileThreads,
+                            reinterpret_cast<unsigned char*>(tile.data()), tile.size() * 16, seed) ? 0 : 1;
+  }
   static unsigned char no_smem[16];
   if (grid == 0) grid = static_cast<unsigned>(dw_conv_ctas(a, vec, 2 * 32));
   auto body = [&] {  // the variant the CUDA launcher runs (with_kernel_variant)

@@ -127,11 +127,12 @@ def dw_emulator(tmp_path_factory):
 GUARD = 64
 
 
-def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0):
-    """The kernel; each output poisoned with NaN and GUARD sentinels after it; offset > 0
-    misaligns x and the outputs by that many elements (the element-wise path); skip > 0 hands it
-    x as a view of tokens with `skip` NaN rows before each image's (as CvT's tokens less the cls
-    row)."""
+def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0, tiled=True, kernel=None):
+    """The kernel the launcher picks (the tiled one unless `tiled` is off, as CUTLASS_OPS_DW_TILE=0;
+    kernel: a list that gets "tiled" or "strip" appended); each output poisoned with NaN and
+    GUARD sentinels after it; offset > 0 misaligns x and the outputs by that many elements (the
+    element-wise path); skip > 0 hands it x as a view of tokens with `skip` NaN rows before each
+    image's (as CvT's tokens less the cls row)."""
     n, _, c = x.shape
     if skip:
         full = torch.full((n, skip + h * w, c), float("nan"), dtype=x.dtype)
@@ -149,15 +150,18 @@ def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0):
         yb = torch.full((n * r * c + offset + GUARD,), float("nan"), dtype=x.dtype)
         yb[n * r * c + offset:] = -777.0
         ybs.append(yb)
-    vec = ctypes.c_int(0)
+    vec, picked = ctypes.c_int(0), ctypes.c_int(0)
     ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
     params_f32 = int(wt.dtype == torch.float32)
     y_ptrs = (ctypes.c_void_p * len(strides))(*[yb[offset:].data_ptr() for yb in ybs])
     stride_arr = (ctypes.c_int * len(strides))(*strides)
     rc = lib.emu_dw_conv(int(x.dtype == torch.bfloat16), ctypes.c_longlong(n), h, w, c, len(strides), stride_arr,
                          lead, ptr(xb[x_start:]), ctypes.c_longlong(image_stride), ptr(wt), ptr(b), params_f32,
-                         ptr(ld), ctypes.c_longlong(lead * c), y_ptrs, 0, seed, ctypes.byref(vec))
+                         ptr(ld), ctypes.c_longlong(lead * c), y_ptrs, 0, seed, int(tiled), ctypes.byref(vec),
+                         ctypes.byref(picked))
     assert rc == 0, "deadlock"
+    if kernel is not None:
+        kernel.append("tiled" if picked.value else "strip")
     out = []
     for yb, r in zip(ybs, rows):
         size = n * r * c
@@ -168,45 +172,68 @@ def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0):
 
 @emulator
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("c, vec", [(64, 8), (24, 8), (5, 1)])
+@pytest.mark.parametrize("c, vec", [(64, 8), (24, 8), (80, 8), (5, 1)])
 @pytest.mark.parametrize("strides", [[1], [2], QKV, [2, 1]])
 @pytest.mark.parametrize("lead", [0, 1])
 @pytest.mark.parametrize("hw", [(9, 7), (6, 4)])
-def test_kernel_on_the_emulator(dw_emulator, dtype, c, vec, strides, lead, hw):
-    """Both vector widths, strides 1 and 2 alone and together (odd maps: the last stride-2 window
-    hangs over the edge), the lead rows copied exactly into every output, every output written
-    (no NaN left), nothing past it, against float64; a second thread schedule bitwise equal."""
+@pytest.mark.parametrize("tiled", [True, False])
+def test_kernel_on_the_emulator(dw_emulator, dtype, c, vec, strides, lead, hw, tiled):
+    """Both kernels (tiled: where 16-byte vectors work, here in several bands of rows, a slice
+    of 8 and one of 2 chunks at c = 80, idle threads at c = 24), both vector widths, strides 1
+    and 2 alone and together (odd maps: the last stride-2 window hangs over the edge), the lead
+    rows copied exactly into every output, every output written (no NaN left), nothing past it,
+    against float64; a second thread schedule bitwise equal."""
     h, w = hw
     x, wt, b, ld = inputs(3, h, w, c, dtype, lead, seed=c, convs=len(strides))
-    ys, picked = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld)
+    kernel = []
+    ys, picked = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, tiled=tiled, kernel=kernel)
     assert picked == vec
+    assert kernel == ["tiled" if tiled and vec == 8 else "strip"]
     assert not any(torch.isnan(y).any() for y in ys)
     assert worst(ys, reference(x, h, w, wt, b, strides, ld)) <= TOL[dtype]
     if ld is not None:
         assert all(torch.equal(y[:, :lead], ld) for y in ys)
-    again, _ = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, seed=7)
+    again, _ = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, seed=7, tiled=tiled)
     assert all(torch.equal(y, z) for y, z in zip(ys, again))
+
+
+@emulator
+def test_wide_map_takes_the_strip_kernel(dw_emulator):
+    """A map too wide for the tiled kernel's band in shared memory (2 rows + halo of 130 pixels x
+    64 channels > 64 KB) runs the strip kernel, with the same numbers as ever."""
+    x, wt, b, ld = inputs(1, 3, 130, 64, torch.float16, 1, seed=5)
+    kernel = []
+    ys, _ = run_emulated(dw_emulator, x, 3, 130, wt, b, QKV, ld, kernel=kernel)
+    assert kernel == ["strip"]
+    assert worst(ys, reference(x, 3, 130, wt, b, QKV, ld)) <= TOL[torch.float16]
 
 
 @emulator
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_kernel_on_the_emulator_params_and_alignment(dw_emulator, dtype):
-    """Weight and bias in x's dtype give bitwise their float32 copies' numbers; a misaligned x
-    and outputs take the element-wise path with the same numbers; no bias; one conv of the three
-    alone gives bitwise its output among the three."""
+    """Each kernel: weight and bias in x's dtype give bitwise their float32 copies' numbers; no
+    bias; one conv of the three alone gives bitwise its output among the three; a view with each
+    image's rows apart gives bitwise the dense numbers.  A misaligned x and outputs, or 16-bit
+    weights off their 16-byte alignment, take the strip kernel's element-wise path with its
+    16-byte path's numbers."""
     x, wt, b, ld = inputs(2, 6, 6, 16, dtype, lead=1, seed=3)
-    native, _ = run_emulated(dw_emulator, x, 6, 6, wt, b, QKV, ld)
-    wide, _ = run_emulated(dw_emulator, x, 6, 6, wt.float(), b.float(), QKV, ld)
-    assert all(torch.equal(p, q) for p, q in zip(native, wide))
-    mis, vec = run_emulated(dw_emulator, x, 6, 6, wt, b, QKV, None, offset=1)
-    assert vec == 1 and all(torch.equal(p, q[:, 1:]) for p, q in zip(mis, native))
-    nob, _ = run_emulated(dw_emulator, x, 6, 6, wt, None, QKV, None)
-    assert worst(nob, reference(x, 6, 6, wt, None, QKV, None)) <= TOL[dtype]
-    alone, _ = run_emulated(dw_emulator, x, 6, 6, wt[2:], b[2:], [2], ld)
-    assert torch.equal(alone[0], native[2])
-    # images apart: a view that skips each image's first row (CvT's cls), NaN there must not leak
-    skipped, vec = run_emulated(dw_emulator, x, 6, 6, wt, b, QKV, ld, skip=1)
-    assert vec == 8 and all(torch.equal(p, q) for p, q in zip(skipped, native))
+    for tiled in (True, False):
+        kernel = []
+        native, _ = run_emulated(dw_emulator, x, 6, 6, wt, b, QKV, ld, tiled=tiled, kernel=kernel)
+        assert kernel == ["tiled" if tiled else "strip"]
+        wide, _ = run_emulated(dw_emulator, x, 6, 6, wt.float(), b.float(), QKV, ld, tiled=tiled)
+        assert all(torch.equal(p, q) for p, q in zip(native, wide))
+        nob, _ = run_emulated(dw_emulator, x, 6, 6, wt, None, QKV, None, tiled=tiled)
+        assert worst(nob, reference(x, 6, 6, wt, None, QKV, None)) <= TOL[dtype]
+        alone, _ = run_emulated(dw_emulator, x, 6, 6, wt[2:], b[2:], [2], ld, tiled=tiled)
+        assert torch.equal(alone[0], native[2])
+        # images apart: a view that skips each image's first row (CvT's cls), NaN there must not leak
+        skipped, vec = run_emulated(dw_emulator, x, 6, 6, wt, b, QKV, ld, skip=1, tiled=tiled)
+        assert vec == 8 and all(torch.equal(p, q) for p, q in zip(skipped, native))
+    # `native` is now the strip kernel's 16-byte path
+    kernel = []
+    mis, vec = run_emulated(dw_emulator, x, 6, 6, wt, b, QKV, None, offset=1, kernel=kernel)
+    assert kernel == ["strip"] and vec == 1 and all(torch.equal(p, q[:, 1:]) for p, q in zip(mis, native))
     # 16-bit weights 2 bytes off the 16-byte alignment of their chunk loads: the element-wise path
     off = torch.empty(wt.numel() + 1, dtype=dtype)
     off[1:] = wt.reshape(-1)
