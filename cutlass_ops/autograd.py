@@ -424,6 +424,34 @@ def _linear_silu_backward(ctx, grad_y):
 torch.library.register_autograd("cutlass_ops::linear_silu", _linear_silu_backward, setup_context=_linear_silu_setup)
 
 
+# ---- linear_residual: out = residual + alpha * x @ weight^T + bias -----------------------------
+
+def _linear_residual_setup(ctx, inputs, output):
+    x, weight, bias, residual, alpha = inputs
+    ctx.alpha = alpha
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight)
+
+
+def _linear_residual_backward(ctx, grad):
+    """grad_residual = grad; with g = alpha grad: grad_x = g W, grad_W = g^T x, grad_bias = sum
+    grad (cuBLAS GEMMs, float32 accumulation)."""
+    x, weight = ctx.saved_tensors
+    g2d = grad.reshape(-1, weight.shape[0])
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = (ctx.alpha * (g2d @ weight)).reshape(x.shape)
+    if ctx.needs_input_grad[1]:
+        grad_w = ctx.alpha * (g2d.t() @ x.reshape(-1, x.shape[-1]))
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = g2d.sum(0)
+    return grad_x, grad_w, grad_b, grad if ctx.needs_input_grad[3] else None, None
+
+
+torch.library.register_autograd("cutlass_ops::linear_residual", _linear_residual_backward,
+                                setup_context=_linear_residual_setup)
+
+
 # ---- dw_conv3x3_tokens: depthwise 3x3 convs on a token map, lead rows in front ----------------
 
 def _dw_tokens_setup(ctx, inputs, output):

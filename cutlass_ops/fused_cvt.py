@@ -100,7 +100,7 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Drop
 from .fused_resnet import FusedResNet
 from .linear import linear
 from .ops import (conv2d_fused, conv2d_fused_last_kernel, conv_embed, dw_conv3x3_tokens, layer_norm_rows,
-                  linear_silu, linear_silu_kernels, scale_samples)
+                  linear_residual, linear_silu, linear_silu_kernels, scale_samples)
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
@@ -235,6 +235,27 @@ def conv_embed_can_run(patch_embed, x: torch.Tensor, weight: torch.Tensor) -> bo
             and x.shape[1] % 8 != 0 and proj.dilation == (1, 1) and proj.groups == 1
             and proj.padding_mode == "zeros" and isinstance(proj.padding, tuple)
             and (norm is None or isinstance(norm, nn.LayerNorm)))
+
+
+def residual_gemms_enabled() -> bool:
+    """CUTLASS_OPS_CVT_RESIDUAL_GEMM (default on; CUDA, autograd off): each block's output
+    projection and fc2 add their output onto the residual stream in the GEMM's epilogue
+    (``linear_residual``: one cuBLASLt matmul, the stream as its C input, the bias in its
+    epilogue), so the LayerNorm after each reads one tensor and writes one, where it read the
+    stream and the branch and wrote their sum and its output, and no stage ends with an add
+    pass.  =0 turns it off; read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_RESIDUAL_GEMM", "1") != "0"
+
+
+def residual_gemms_can_run(blk, x: torch.Tensor) -> bool:
+    """Whether FusedCvT._block runs this block with linear_residual (residual_gemms_enabled):
+    16-bit CUDA tokens with autograd off and the block's Linears in their dtype (not autocast),
+    no active dropout or drop path."""
+    lins = (blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2)
+    return (residual_gemms_enabled() and x.is_cuda and not torch.is_grad_enabled()
+            and x.dtype in (torch.float16, torch.bfloat16) and all(lin.weight.dtype == x.dtype for lin in lins)
+            and not (blk.training and (blk.attn.proj_drop.p > 0 or blk.mlp.drop.p > 0
+                                       or not isinstance(blk.drop_path, nn.Identity))))
 
 
 def fused_layer_norm_enabled() -> bool:
@@ -408,11 +429,27 @@ class FusedCvT(ConvolutionalVisionTransformer):
 
     def _block(self, blk: Block, x: torch.Tensor, h: int, w: int, folds: dict, pending: torch.Tensor | None = None):
         """One transformer block on x + pending (the previous block's last residual branch, not
-        yet added): returns (the block's output less its MLP branch, that branch)."""
+        yet added): returns (the block's output less its MLP branch, that branch), or (the
+        block's output, None) where its Linears add onto the stream (residual_gemms_can_run)."""
         h1, x = self._add_layer_norm(x, blk.norm1, pending)
+        if residual_gemms_can_run(blk, x):
+            attn = blk.attn
+            o = self._attend_heads(attn, *self._project(attn, h1, h, w, folds))
+            s = linear_residual(o, attn.proj.weight, attn.proj.bias, x)
+            h2, _ = self._add_layer_norm(s, blk.norm2)
+            return self._mlp_onto(blk.mlp, h2, s), None
         a = _drop_path(blk.drop_path, self._attention(blk.attn, h1, h, w, folds))
         h2, x = self._add_layer_norm(x, blk.norm2, a)
         return x, _drop_path(blk.drop_path, self._mlp(blk.mlp, h2))
+
+    def _mlp_onto(self, mlp, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the MLP of h, fc2 adding onto the residual in its epilogue where fc1 and
+        its SiLU run as one kernel (_silu_fc1); residual + _mlp(h) otherwise."""
+        if silu_mlp_enabled() and not (fused_mlp_enabled() and self._fused_mlp_key(mlp, h) is not None):
+            y = self._silu_fc1(mlp, h)
+            if y is not None:
+                return linear_residual(y, mlp.fc2.weight, mlp.fc2.bias, residual, 1 / QUICK_GELU_SCALE)
+        return residual + self._mlp(mlp, h)
 
     def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
         """fc1, QuickGELU, fc2 on the normalized tokens: FusedMLP's kernel (opt-in), one SiLU
@@ -458,12 +495,19 @@ class FusedCvT(ConvolutionalVisionTransformer):
         return key
 
     @staticmethod
-    def _silu_mlp(mlp, h: torch.Tensor) -> torch.Tensor:
+    def _silu_fc1(mlp, h: torch.Tensor) -> torch.Tensor | None:
+        """silu(1.702 fc1(h)) as one kernel (conv2d_fused's SiLU epilogue, opt-in, or
+        linear_silu), None where neither runs."""
         if silu_epilogue_can_run(mlp, h):
-            y = FusedCvT._fc1_silu_epilogue(mlp.fc1, h)
-        elif linear_silu_can_run(mlp, h):
-            y = linear_silu(h, mlp.fc1.weight, mlp.fc1.bias, QUICK_GELU_SCALE)
-        else:
+            return FusedCvT._fc1_silu_epilogue(mlp.fc1, h)
+        if linear_silu_can_run(mlp, h):
+            return linear_silu(h, mlp.fc1.weight, mlp.fc1.bias, QUICK_GELU_SCALE)
+        return None
+
+    @staticmethod
+    def _silu_mlp(mlp, h: torch.Tensor) -> torch.Tensor:
+        y = FusedCvT._silu_fc1(mlp, h)
+        if y is None:
             return FusedCvT._silu_mlp_aten(mlp, h)
         return mlp.drop(linear(mlp.drop(y), mlp.fc2.weight, mlp.fc2.bias, alpha=1 / QUICK_GELU_SCALE))
 
@@ -656,6 +700,10 @@ class FusedCvT(ConvolutionalVisionTransformer):
 
     def _attend(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention with CvT's scale over the heads, then the output projection: (N, L, dim)."""
+        return attn.proj_drop(linear(self._attend_heads(attn, q, k, v), attn.proj.weight, attn.proj.bias))
+
+    def _attend_heads(self, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention with CvT's scale over the heads, the heads concatenated: (N, L, dim)."""
         n = q.shape[0]
         if q.is_cuda:
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=attn.attn_drop.p if self.training else 0.0,
@@ -665,8 +713,7 @@ class FusedCvT(ConvolutionalVisionTransformer):
             # gave 1.8x the reference's gradient error in bfloat16 (on an AVX512-BF16 EPYC:
             # RMS 0.084 vs 0.046 in test_fused_cvt_bfloat16_cpu; 0.052 this way).
             o = attn.attn_drop(torch.softmax(q @ k.transpose(-2, -1) * attn.scale, dim=-1)) @ v
-        o = o.transpose(1, 2).reshape(n, o.shape[2], attn.dim)
-        return attn.proj_drop(linear(o, attn.proj.weight, attn.proj.bias))
+        return o.transpose(1, 2).reshape(n, o.shape[2], attn.dim)
 
 
 def _drop_path(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

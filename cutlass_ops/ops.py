@@ -492,6 +492,23 @@ def _linear_silu_fake(x, weight, bias, alpha):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
+                    alpha: float = 1.0) -> torch.Tensor:
+    """residual + alpha * x @ weight^T + bias: x (..., K), weight (N, K), bias (N,) or None,
+    residual (..., N) -> a new (..., N) tensor in x's dtype (a transformer's output projection
+    or second MLP Linear landing on the residual stream).  On CUDA in fp16/bf16 with K and N
+    multiples of 8, one cuBLASLt matmul: the residual as its C input (beta = 1), the bias (read
+    in x's dtype) in its epilogue, float32 accumulation, one rounding; elsewhere ATen in float32
+    (float64 for float64), rounded once.  Differentiable."""
+    _check_devices("linear_residual", ("x", x), ("weight", weight), ("bias", bias), ("residual", residual))
+    return torch.ops.cutlass_ops.linear_residual(x, weight, bias, residual, float(alpha))
+
+
+@torch.library.register_fake("cutlass_ops::linear_residual")
+def _linear_residual_fake(x, weight, bias, residual, alpha):
+    return residual.new_empty(residual.shape)
+
+
 def scale_samples(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x[n, ...] * scale[n]: scale (N,) float32 (float64 for a float64 x), the product in scale's
     dtype rounded once to x's dtype.  One CUDA kernel for fp16/bf16 (16-byte accesses where the
