@@ -42,7 +42,15 @@ only the forward differs.  What runs where, per forward:
   eager calls with autograd off the folds are cached until one of them changes, a CUDA graph
   recomputes them at each replay), as one ``dw_conv3x3_tokens`` kernel (kernels/dw_conv): the
   map read once, in place behind stage 3's cls row, the cls token written in front of each
-  output.  H200, N=64, CUDA graph: forward 3.793 -> 3.361 ms (docs/results/cvt_h200_session13/).
+  output.  H200, N=64, CUDA graph: forward 3.793 -> 3.361 ms (docs/results/cvt_h200_session13/);
+  its tiled form (the band of rows in shared memory once; CUTLASS_OPS_DW_TILE=0 for the strip
+  form): H100 forward 3.010 -> 2.842 ms (docs/results/cvt_h100_session16/).
+
+  the residual adds with autograd off on CUDA (CUTLASS_OPS_CVT_RESIDUAL_GEMM=0 turns it off):
+  each block's output projection and fc2 as ``linear_residual`` (kernels/linear_residual: one
+  cuBLASLt matmul, the residual stream as its C input, the bias in its epilogue), so each
+  LayerNorm reads one tensor and writes one and no stage ends with an add pass.  H100: forward
+  2.844 -> 2.799 ms at N=64, 10.294 -> 9.956 at N=256.
 
   each MLP's fc1 and its SiLU on an sm90 GPU with autograd off (CUTLASS_OPS_CVT_LINEAR_SILU=0
   turns it off): one ``linear_silu`` kernel (kernels/linear_silu: CUTLASS's sm90 GEMM with
@@ -68,12 +76,14 @@ only the forward differs.  What runs where, per forward:
       the q/k/v Linear's (dw_bias_in_linear_enabled); train mode (on the CPU, or =0 above): the
       real ``nn.BatchNorm2d`` after the conv (batch statistics, running statistics updated);
       the BatchNorms themselves in training always.
-    - the q/k/v/out linears, the MLP linears (fc1 under autograd or off sm90; cuBLAS through
+    - the q/k/v/out linears, the MLP linears (fc1 under autograd or off sm90; out and fc2
+      under autograd or on the CPU; cuBLAS through
       ``cutlass_ops.linear.linear``, whose
       backward takes the bias gradient as a GEMV with ones: ATen's column sums took 2.2 ms of
       the H200's N=64 training step; opt-in, CUTLASS_OPS_CVT_FUSED_MLP=1:
       MLPs no wider than 256, i.e. stage 1's, as one FusedMLP kernel, which the H200 run timed
-      at 7.59 ms against 7.50 for the forward, so it stays off), residual adds, dropout;
+      at 7.59 ms against 7.50 for the forward, so it stays off), residual adds (in inference
+      on CUDA inside the output projections' and fc2's GEMMs, above), dropout;
       drop path draws timm 0.3.2's random mask as the reference, applied as one
       ``scale_samples`` kernel per sample forward and backward (_drop_path);
     - attention: ``F.scaled_dot_product_attention`` with ``scale = dim ** -0.5`` (the

@@ -45,7 +45,9 @@ from .train_check import plot, train_losses
 # a bias pass and the LayerNorm kernel for stage 1's embedding,
 # "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias in the q/k/v
 # Linears; "dw bias after conv": the same with the bias added after the conv; "cuBLAS fc1":
-# cuBLAS's fc1 and a SiLU pass), or turn on an opt-in one: stage 1's MLP as one FusedMLP kernel
+# cuBLAS's fc1 and a SiLU pass; "strip dw kernel": dw_conv3x3_tokens's strip kernel instead of
+# its tiled one; "residual adds apart": the residual adds in the LayerNorm kernels and a pass at
+# each stage's end instead of the GEMMs' epilogues, linear_residual), or turn on an opt-in one: stage 1's MLP as one FusedMLP kernel
 # ("FusedMLP"), each MLP's fc1 with its SiLU as one conv2d_fused kernel ("SiLU epilogue",
 # inference); in training, the Linears' bias gradients as ATen's column sums instead of GEMVs
 # ("bias grad by sum", cutlass_ops/linear.py).
@@ -60,6 +62,8 @@ FUSED_CVT_VARIANTS = {
     "FusedCvT cuDNN embedding + CUDA graph": {"CUTLASS_OPS_CVT_CONV_EMBED": "0"},
     "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},
+    "FusedCvT strip dw kernel + CUDA graph": {"CUTLASS_OPS_DW_TILE": "0"},
+    "FusedCvT residual adds apart + CUDA graph": {"CUTLASS_OPS_CVT_RESIDUAL_GEMM": "0"},
 }
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",
                      "eager channels_last + CUDA graph",
@@ -191,11 +195,13 @@ def bench_cvt(infer_batches=CVT_INFER_BATCHES, train_batches=CVT_TRAIN_BATCHES, 
     return {"model": "CvT-13", "size": size, "dtype": str(dtype)[6:],
             "fused_parts": "conv embeddings 2 and 3: conv2d_fused (CUTLASS, conv + bias); the 7x7 embedding with its "
                            "LayerNorm: conv_embed (autograd off; cuDNN + layer_norm_rows in training); "
-                           "LayerNorms with the residual add before each: layer_norm_rows; QuickGELU as one "
+                           "LayerNorms: layer_norm_rows (with the residual add before each where it is not in a "
+                           "GEMM); with autograd off the output projections and fc2 add onto the residual stream "
+                           "in their epilogue: linear_residual (cuBLASLt); QuickGELU as one "
                            "SiLU (its scales as the GEMMs' alpha; on sm90 with autograd off fc1 + SiLU as linear_silu); "
                            "the q/k/v depthwise convs: dw_conv3x3_tokens (BatchNorm folded in eval; in training the "
                            "convs and their input gradients); the drop path: scale_samples; everything else PyTorch "
-                           "(linears, SDPA, BatchNorm in training, the head's LayerNorm)",
+                           "(the other linears, SDPA, BatchNorm in training, the head's LayerNorm)",
             "timing": {"throughput": f"inference: {calls} back-to-back calls between two CUDA events, training: "
                                      f"{max(1, calls // 5)} steps; median of {reps}",
                        "latency": "one synchronized call between two CUDA events, median",

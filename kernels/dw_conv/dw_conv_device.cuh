@@ -189,13 +189,13 @@ __host__ __device__ inline long long tile_bytes(int rows, int w, int chunks) {
 // its band does not fit shared memory (maps wider than ~120 pixels; the strip kernel then).
 // The band is as tall as shared memory allows, then halved (to 2 rows) until the grid fills
 // `min_ctas` CTAs: small batches get more, shorter bands.
-inline TileShape dw_tile_shape(DwConvArgs const& a, long long min_ctas) {
+inline TileShape dw_tile_shape(DwConvArgs const& a, long long min_ctas, long long max_bytes = kTileMaxBytes) {
   TileShape s{0, 0, 0, 0};
   s.chunks = a.c / 8 < kTileChunks ? a.c / 8 : kTileChunks;
-  if (s.chunks == 0 || tile_bytes(2, a.w, s.chunks) > kTileMaxBytes) return s;
+  if (s.chunks == 0 || tile_bytes(2, a.w, s.chunks) > max_bytes) return s;
   s.slices = (a.c / 8 + s.chunks - 1) / s.chunks;
   int rows = a.h + (a.h & 1);
-  while (rows > 2 && tile_bytes(rows, a.w, s.chunks) > kTileMaxBytes) rows -= 2;
+  while (rows > 2 && tile_bytes(rows, a.w, s.chunks) > max_bytes) rows -= 2;
   while (rows > 2 && a.n * s.slices * ((a.h + rows - 1) / rows) < min_ctas) rows = ((rows / 2) + 1) & ~1;
   s.rows = rows;
   s.bands = (a.h + rows - 1) / rows;
@@ -544,10 +544,10 @@ struct DwConvPlan {
   long long smem_bytes;
 };
 
-inline DwConvPlan dw_conv_plan(DwConvArgs const& a, int num_sms, bool tiled) {
+inline DwConvPlan dw_conv_plan(DwConvArgs const& a, int num_sms, bool tiled, long long max_bytes = kTileMaxBytes) {
   DwConvPlan p{dw_conv_vec(a), false, TileShape{0, 0, 0, 0}, 0, 0};
   if (tiled && p.vec == 8) {
-    p.shape = dw_tile_shape(a, 2LL * num_sms);
+    p.shape = dw_tile_shape(a, 2LL * num_sms, max_bytes);
     if (p.shape.rows > 0) {
       p.tiled = true;
       p.grid = a.n * p.shape.bands * p.shape.slices;

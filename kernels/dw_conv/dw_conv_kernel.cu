@@ -17,9 +17,17 @@ static bool tiled_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
+// CUTLASS_OPS_DW_TILE_BYTES=<n>: the tiled kernel's band at most n bytes of shared memory (8192 to
+// 200000; default kTileMaxBytes), to time other band heights; read at each launch.
+static long long tile_max_bytes() {
+  const char* v = std::getenv("CUTLASS_OPS_DW_TILE_BYTES");
+  const long long n = v ? std::atoll(v) : 0;
+  return n >= 8192 && n <= 200000 ? n : kTileMaxBytes;
+}
+
 template <typename T>
 static cudaError_t launch_typed(DwConvArgs const& a, int num_sms, cudaStream_t stream) {
-  const DwConvPlan p = dw_conv_plan(a, num_sms, tiled_enabled());
+  const DwConvPlan p = dw_conv_plan(a, num_sms, tiled_enabled(), tile_max_bytes());
   if (p.tiled && p.grid <= INT32_MAX) {
     cudaError_t err = allow_dynamic_smem(dw_conv_tile_kernel<T>, static_cast<size_t>(p.smem_bytes));
     if (err != cudaSuccess) return err;

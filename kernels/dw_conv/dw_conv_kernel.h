@@ -4,9 +4,10 @@
 // cls token), the conv's rows after them.  CvT's dw_bn q/k/v projections in eval mode
 // (BatchNorm folded into weight and bias; q at stride 1, k and v at stride 2) then need one
 // kernel, where cuDNN's depthwise conv took one each, with a bias add and a concatenation after
-// it.  A stride-2 output pixel (oy, ox) sums the same 3x3 window as the stride-1 output
-// (2 oy, 2 ox), so one thread per input pixel computes every projection's output centred there.
-// Float32 arithmetic, fp16/bf16 in and out.  No torch here: the device code is
+// it.  Two forward kernels (dw_conv_device.cuh): a tiled one, which copies a band of rows with
+// its halo into shared memory once and computes every projection's outputs centred in it, and
+// a strip one for maps too wide for that band and unaligned (element-wise) inputs.  Float32
+// arithmetic, fp16/bf16 in and out.  No torch here: the device code is
 // dw_conv_device.cuh (also run on the CPU emulator, tests/cuda_emulator), the torch side
 // dw_conv_cuda.cpp.
 #pragma once
