@@ -498,6 +498,42 @@ def _dw_tokens_backward(ctx, grads):
 torch.library.register_autograd("cutlass_ops::dw_conv3x3_tokens", _dw_tokens_backward, setup_context=_dw_tokens_setup)
 
 
+# ---- layer_norm_dw_conv3x3_tokens: dw_conv3x3_tokens on LayerNorm(x) (and LayerNorm(lead)) -------
+
+def _ln_dw_tokens_setup(ctx, inputs, output):
+    x, h, w, ln_weight, ln_bias, eps, weight, bias, strides, lead = inputs
+    ctx.geometry = (h, w, eps, list(strides))
+    ctx.save_for_backward(x, ln_weight, ln_bias, weight, bias, lead)
+
+
+def _ln_dw_tokens_backward(ctx, grads):
+    """Recomputes the LayerNorms (float32 statistics, rounded as the op does) and the convs
+    through dw_conv3x3_tokens under autograd, then differentiates them (the op runs in
+    inference; this is for correctness, not speed)."""
+    h, w, eps, strides = ctx.geometry
+    saved = ctx.saved_tensors  # x, ln_weight, ln_bias, weight, bias, lead
+    wants = [ctx.needs_input_grad[i] for i in (0, 3, 4, 6, 7, 9)]
+    with torch.enable_grad():
+        x, ln_w, ln_b, weight, bias, lead = [None if t is None else t.detach().requires_grad_(want)
+                                             for t, want in zip(saved, wants)]
+
+        def normed(t):
+            ct = torch.float64 if t.dtype == torch.float64 else torch.float32
+            return torch.nn.functional.layer_norm(t.to(ct), (t.shape[-1],), None if ln_w is None else ln_w.to(ct),
+                                                  None if ln_b is None else ln_b.to(ct), eps).to(t.dtype)
+        ys = torch.ops.cutlass_ops.dw_conv3x3_tokens(normed(x), h, w, weight, bias, strides,
+                                                     None if lead is None else normed(lead))
+        leaves = [t for t, want in zip((x, ln_w, ln_b, weight, bias, lead), wants) if t is not None and want]
+        found = iter(torch.autograd.grad(ys, leaves, grads, allow_unused=True) if leaves else ())
+    g = [next(found) if t is not None and want else None
+         for t, want in zip((x, ln_w, ln_b, weight, bias, lead), wants)]
+    return g[0], None, None, g[1], g[2], None, g[3], g[4], None, g[5]
+
+
+torch.library.register_autograd("cutlass_ops::layer_norm_dw_conv3x3_tokens", _ln_dw_tokens_backward,
+                                setup_context=_ln_dw_tokens_setup)
+
+
 # ---- scale_samples: y = x * scale[n] per sample (FusedCvT's drop path) -------------------------
 
 def _scale_samples_setup(ctx, inputs, output):

@@ -109,8 +109,8 @@ from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, Drop
                           VisionTransformer, drop_path_mask, layer_norm, quick_gelu)
 from .fused_resnet import FusedResNet
 from .linear import linear
-from .ops import (conv2d_fused, conv2d_fused_last_kernel, conv_embed, dw_conv3x3_tokens, layer_norm_rows,
-                  linear_residual, linear_silu, linear_silu_kernels, scale_samples)
+from .ops import (conv2d_fused, conv2d_fused_last_kernel, conv_embed, dw_conv3x3_tokens, layer_norm_dw_conv3x3_tokens,
+                  layer_norm_rows, linear_residual, linear_silu, linear_silu_kernels, scale_samples)
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
 
@@ -266,6 +266,18 @@ def residual_gemms_can_run(blk, x: torch.Tensor) -> bool:
             and x.dtype in (torch.float16, torch.bfloat16) and all(lin.weight.dtype == x.dtype for lin in lins)
             and not (blk.training and (blk.attn.proj_drop.p > 0 or blk.mlp.drop.p > 0
                                        or not isinstance(blk.drop_path, nn.Identity))))
+
+
+def norm1_in_dw_enabled() -> bool:
+    """CUTLASS_OPS_CVT_NORM1_IN_DW=1 (opt-in; with the residual GEMMs and the fused LayerNorms):
+    each block's norm1 runs inside its dw_bn projections' kernel (``layer_norm_dw_conv3x3_tokens``:
+    the band of the map normalized in shared memory right after it is read), so the normalized
+    map, which only those convs and the cls token read, is never written.  Off by default: slower
+    on the H100 (session 16, N=64 per attention, against layer_norm_rows + the tiled dw kernel:
+    74.4 / 83.5 / 59.7 us against 68.3 / 48.9 / 27.1; forward 3.242 against 2.811 ms): with
+    every channel of a pixel in one CTA, stages 2 and 3 get 2-row bands (twice the rows read)
+    and few threads a CTA for the statistics.  Read per forward."""
+    return os.environ.get("CUTLASS_OPS_CVT_NORM1_IN_DW", "0") == "1"
 
 
 def fused_layer_norm_enabled() -> bool:
@@ -441,13 +453,17 @@ class FusedCvT(ConvolutionalVisionTransformer):
         """One transformer block on x + pending (the previous block's last residual branch, not
         yet added): returns (the block's output less its MLP branch, that branch), or (the
         block's output, None) where its Linears add onto the stream (residual_gemms_can_run)."""
-        h1, x = self._add_layer_norm(x, blk.norm1, pending)
-        if residual_gemms_can_run(blk, x):
+        if residual_gemms_can_run(blk, x) and pending is None:
             attn = blk.attn
-            o = self._attend_heads(attn, *self._project(attn, h1, h, w, folds))
+            if norm1_in_dw_enabled() and fused_layer_norm_enabled():  # norm1 inside the dw kernel (or first)
+                o = self._attend_heads(attn, *self._project(attn, x, h, w, folds, norm=blk.norm1))
+            else:
+                h1, _ = self._add_layer_norm(x, blk.norm1)
+                o = self._attend_heads(attn, *self._project(attn, h1, h, w, folds))
             s = linear_residual(o, attn.proj.weight, attn.proj.bias, x)
             h2, _ = self._add_layer_norm(s, blk.norm2)
             return self._mlp_onto(blk.mlp, h2, s), None
+        h1, x = self._add_layer_norm(x, blk.norm1, pending)
         a = _drop_path(blk.drop_path, self._attention(blk.attn, h1, h, w, folds))
         h2, x = self._add_layer_norm(x, blk.norm2, a)
         return x, _drop_path(blk.drop_path, self._mlp(blk.mlp, h2))
@@ -652,14 +668,19 @@ class FusedCvT(ConvolutionalVisionTransformer):
     def _attention(self, attn, x: torch.Tensor, h: int, w: int, folds: dict) -> torch.Tensor:
         return self._attend(attn, *self._project(attn, x, h, w, folds))
 
-    def _project(self, attn, x: torch.Tensor, h: int, w: int, folds: dict):
+    def _project(self, attn, x: torch.Tensor, h: int, w: int, folds: dict, norm: LayerNorm | None = None):
         """The convolutional projection: dw_bn q/k/v on the token map (the cls token, stage 3,
-        beside them), then the q/k/v Linears, split into heads (N, heads, L, d)."""
+        beside them), then the q/k/v Linears, split into heads (N, heads, L, d); with ``norm``
+        on norm(x), inside the dw kernel where it runs (layer_norm_dw_conv3x3_tokens)."""
+        projs = (attn.conv_proj_q, attn.conv_proj_k, attn.conv_proj_v)
+        dw_kernel = dw_tokens_enabled() and not torch.is_grad_enabled() and all(_dw_tokens_can_run(p) for p in projs)
+        if norm is not None and not dw_kernel:
+            x, _ = self._add_layer_norm(x, norm)
+            norm = None
         n, t, c = x.shape
         if attn.with_cls_token:
             cls_token, x = torch.split(x, [1, h * w], 1)
-        projs = (attn.conv_proj_q, attn.conv_proj_k, attn.conv_proj_v)
-        if dw_tokens_enabled() and not torch.is_grad_enabled() and all(_dw_tokens_can_run(p) for p in projs):
+        if dw_kernel:
             # one kernel for the three: the folded convs and biases, the cls token written in front
             lead = cls_token.to(x.dtype) if attn.with_cls_token else None
             if id(attn) in folds:
@@ -667,7 +688,12 @@ class FusedCvT(ConvolutionalVisionTransformer):
             else:
                 wt, bias = (torch.stack(t) for t in zip(*(folds[id(p)] if id(p) in folds else self._folded_dw_bn(p)
                                                           for p in projs)))
-            parts = [(z, None) for z in dw_conv3x3_tokens(x, h, w, wt, bias, [p.conv.stride[0] for p in projs], lead)]
+            strides = [p.conv.stride[0] for p in projs]
+            if norm is not None:
+                convs = layer_norm_dw_conv3x3_tokens(x, h, w, norm.weight, norm.bias, norm.eps, wt, bias, strides, lead)
+            else:
+                convs = dw_conv3x3_tokens(x, h, w, wt, bias, strides, lead)
+            parts = [(z, None) for z in convs]
         elif dw_tokens_enabled() and x.is_cuda and all(_dw_tokens_train_can_run(p) for p in projs):
             # training: the three convs from one read (in place behind stage 3's cls row) and, in
             # the backward, their input gradients in one kernel; then each real BatchNorm

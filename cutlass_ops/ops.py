@@ -443,6 +443,32 @@ def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bia
     return torch.ops.cutlass_ops.dw_conv3x3_tokens(x, int(h), int(w), weight, bias, [int(s) for s in strides], lead)
 
 
+def layer_norm_dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, ln_weight: Optional[torch.Tensor],
+                                 ln_bias: Optional[torch.Tensor], eps: float, weight: torch.Tensor,
+                                 bias: Optional[torch.Tensor], strides: Sequence[int],
+                                 lead: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+    """``dw_conv3x3_tokens(LayerNorm(x), h, w, weight, bias, strides, LayerNorm(lead))``, the
+    LayerNorm over C (ln_weight, ln_bias (C,) or None, eps) computed in float32 and rounded to
+    x's dtype, as ``layer_norm_rows`` writes it: a CvT block's norm1 and its three dw_bn
+    projections.  On CUDA in fp16/bf16 one tiled kernel: each band of the map is normalized in
+    shared memory right after it is read (every channel of a pixel in one CTA; the padding stays
+    zero) and convolved from there, so the normalized map is never written; where that kernel
+    does not run (the band too large for shared memory, unaligned views, CUTLASS_OPS_DW_TILE=0)
+    ATen's LayerNorm first, then dw_conv3x3_tokens.  Elsewhere ATen.  Differentiable (the backward
+    recomputes the LayerNorm and differentiates through dw_conv3x3_tokens)."""
+    _check_devices("layer_norm_dw_conv3x3_tokens", ("x", x), ("ln_weight", ln_weight), ("ln_bias", ln_bias),
+                   ("weight", weight), ("bias", bias), ("lead", lead))
+    if isinstance(strides, int):
+        raise TypeError("layer_norm_dw_conv3x3_tokens: strides must be a list (one stride per conv), e.g. [1, 2, 2]")
+    return torch.ops.cutlass_ops.layer_norm_dw_conv3x3_tokens(x, int(h), int(w), ln_weight, ln_bias, float(eps),
+                                                             weight, bias, [int(s) for s in strides], lead)
+
+
+@torch.library.register_fake("cutlass_ops::layer_norm_dw_conv3x3_tokens")
+def _layer_norm_dw_conv3x3_tokens_fake(x, h, w, ln_weight, ln_bias, eps, weight, bias, strides, lead):
+    return _dw_conv3x3_tokens_fake(x, h, w, weight, bias, strides, lead)
+
+
 def dw_conv3x3_tokens_backward_input(grad_y: Sequence[torch.Tensor], h: int, w: int, weight: torch.Tensor,
                                      strides: Sequence[int]) -> torch.Tensor:
     """The input gradient of dw_conv3x3_tokens's convs: grad_y[j] (N, Ho_j*Wo_j, C), the

@@ -47,9 +47,10 @@ from .train_check import plot, train_losses
 # Linears; "dw bias after conv": the same with the bias added after the conv; "cuBLAS fc1":
 # cuBLAS's fc1 and a SiLU pass; "strip dw kernel": dw_conv3x3_tokens's strip kernel instead of
 # its tiled one; "residual adds apart": the residual adds in the LayerNorm kernels and a pass at
-# each stage's end instead of the GEMMs' epilogues, linear_residual), or turn on an opt-in one: stage 1's MLP as one FusedMLP kernel
-# ("FusedMLP"), each MLP's fc1 with its SiLU as one conv2d_fused kernel ("SiLU epilogue",
-# inference); in training, the Linears' bias gradients as ATen's column sums instead of GEMVs
+# each stage's end instead of the GEMMs' epilogues, linear_residual), or turn on an opt-in one:
+# each block's norm1 inside the dw kernel ("norm1 in dw", layer_norm_dw_conv3x3_tokens), stage
+# 1's MLP as one FusedMLP kernel ("FusedMLP"), each MLP's fc1 with its SiLU as one conv2d_fused
+# kernel ("SiLU epilogue", inference); in training, the Linears' bias gradients as ATen's column sums instead of GEMVs
 # ("bias grad by sum", cutlass_ops/linear.py).
 FUSED_CVT_VARIANTS = {
     "FusedCvT unfused LN + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0"},
@@ -64,6 +65,7 @@ FUSED_CVT_VARIANTS = {
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},
     "FusedCvT strip dw kernel + CUDA graph": {"CUTLASS_OPS_DW_TILE": "0"},
     "FusedCvT residual adds apart + CUDA graph": {"CUTLASS_OPS_CVT_RESIDUAL_GEMM": "0"},
+    "FusedCvT norm1 in dw + CUDA graph": {"CUTLASS_OPS_CVT_NORM1_IN_DW": "1"},
 }
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",
                      "eager channels_last + CUDA graph",

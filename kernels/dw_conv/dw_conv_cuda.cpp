@@ -1,5 +1,6 @@
-// CUDA implementation of cutlass_ops::dw_conv3x3_tokens (kernel in dw_conv_kernel.cu): fp16 and
-// bf16, all projections in one launch; ATen's path (dw_conv_op.cpp) for other dtypes.
+// CUDA implementation of cutlass_ops::dw_conv3x3_tokens and layer_norm_dw_conv3x3_tokens (kernels
+// in dw_conv_kernel.cu): fp16 and bf16, all projections in one launch; ATen's path (dw_conv_op.cpp)
+// for other dtypes.
 #include "common/cuda_device.h"
 #include "dw_conv/dw_conv_kernel.h"
 #include "dw_conv/dw_conv_op.h"
@@ -16,12 +17,22 @@ long long image_stride(Tensor const& t) { return t.size(0) > 1 ? t.stride(0) : t
 
 }  // namespace
 
-std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
-                                           std::optional<Tensor> const& bias, IntArrayRef strides,
-                                           std::optional<Tensor> const& lead) {
+struct LayerNormArgs {
+  std::optional<Tensor> weight, bias;
+  double eps;
+};
+
+// The kernel launch of both ops (ln: layer_norm_dw_conv3x3_tokens's LayerNorm, where the tiled
+// kernel runs; elsewhere the LayerNorm by ATen first, then the convs).
+std::vector<Tensor> run_dw_conv(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
+                                std::optional<Tensor> const& bias, IntArrayRef strides,
+                                std::optional<Tensor> const& lead, std::optional<LayerNormArgs> const& ln) {
   auto const sizes = check_inputs(x, h, w, weight, bias, strides, lead);
   ScalarType const dtype = x.scalar_type();
-  if (dtype != kHalf && dtype != kBFloat16) return dw_conv3x3_tokens_aten(x, h, w, weight, bias, strides, lead);
+  if (dtype != kHalf && dtype != kBFloat16) {
+    if (ln) return layer_norm_dw_conv3x3_tokens_aten(x, h, w, ln->weight, ln->bias, ln->eps, weight, bias, strides, lead);
+    return dw_conv3x3_tokens_aten(x, h, w, weight, bias, strides, lead);
+  }
   DeviceGuard guard(x.get_device_index());
   int64_t const n = x.size(0), c = x.size(2), l0 = lead ? lead->size(1) : 0;
   CUTLASS_OPS_CHECK_VALUE(c <= INT32_MAX && h * w <= INT32_MAX && l0 <= INT32_MAX,
@@ -54,9 +65,42 @@ std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w
     a.y[j] = out.back().data_ptr();
   }
   int dev = x.get_device_index();
+  Tensor lnw, lnb;  // (kept alive through the launch)
+  if (ln) {
+    a.layer_norm = true;
+    a.ln_eps = static_cast<float>(ln->eps);
+    KernelParams const q = kernel_params(ln->weight, ln->bias, dtype);
+    a.ln_params_f32 = q.f32;
+    if (ln->weight) lnw = q.weight;
+    if (ln->bias) lnb = q.bias;
+    a.ln_weight = ln->weight ? lnw.data_ptr() : nullptr;
+    a.ln_bias = ln->bias ? lnb.data_ptr() : nullptr;
+    if (!dw_conv_tiled(a, multiprocessor_count(dev))) {  // the LayerNorm by ATen, then the convs
+      std::optional<Tensor> lead_n;
+      if (lead) lead_n = layer_norm_last_dim(*lead, ln->weight, ln->bias, ln->eps);
+      return run_dw_conv(layer_norm_last_dim(x, ln->weight, ln->bias, ln->eps), h, w, weight, bias, strides, lead_n,
+                         std::nullopt);
+    }
+  }
   cudaError_t err = launch_dw_conv(a, multiprocessor_count(dev), current_cuda_stream(dev));
   CUTLASS_OPS_CHECK(err == cudaSuccess, "dw_conv3x3_tokens: kernel launch failed: ", cudaGetErrorString(err));
   return out;
+}
+
+std::vector<Tensor> dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w, Tensor const& weight,
+                                           std::optional<Tensor> const& bias, IntArrayRef strides,
+                                           std::optional<Tensor> const& lead) {
+  return run_dw_conv(x, h, w, weight, bias, strides, lead, std::nullopt);
+}
+
+std::vector<Tensor> layer_norm_dw_conv3x3_tokens_cuda(Tensor const& x, int64_t h, int64_t w,
+                                                      std::optional<Tensor> const& ln_weight,
+                                                      std::optional<Tensor> const& ln_bias, double eps,
+                                                      Tensor const& weight, std::optional<Tensor> const& bias,
+                                                      IntArrayRef strides, std::optional<Tensor> const& lead) {
+  check_inputs(x, h, w, weight, bias, strides, lead);
+  check_layer_norm(x, ln_weight, ln_bias, eps);
+  return run_dw_conv(x, h, w, weight, bias, strides, lead, LayerNormArgs{ln_weight, ln_bias, eps});
 }
 
 Tensor dw_conv3x3_tokens_backward_input_cuda(std::vector<Tensor> const& grad_y, int64_t h, int64_t w,
@@ -102,4 +146,5 @@ STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_cuda));
   m.impl("dw_conv3x3_tokens_backward_input",
          TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_backward_input_cuda));
+  m.impl("layer_norm_dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::layer_norm_dw_conv3x3_tokens_cuda));
 }

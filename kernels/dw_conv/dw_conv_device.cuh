@@ -185,17 +185,25 @@ __host__ __device__ inline long long tile_bytes(int rows, int w, int chunks) {
   return static_cast<long long>(rows + 2) * (w + 2) * chunks * 16;
 }
 
+// Shared memory the tiled kernel's LayerNorm takes after the band (a.layer_norm): each band
+// pixel's (mean, rstd) and the LayerNorm's weight and bias as floats.
+__host__ __device__ inline long long layer_norm_bytes(DwConvArgs const& a, int rows) {
+  return a.layer_norm ? static_cast<long long>(rows + 2) * (a.w + 2) * 8 + 8LL * a.c : 0;
+}
+
 // The tiled kernel's shape for a 16-byte-vector launch (dw_conv_vec == 8), or rows == 0 where
 // its band does not fit shared memory (maps wider than ~120 pixels; the strip kernel then).
 // The band is as tall as shared memory allows, then halved (to 2 rows) until the grid fills
 // `min_ctas` CTAs: small batches get more, shorter bands.
+// With layer_norm a slice holds every channel (a pixel's statistics need them all).
 inline TileShape dw_tile_shape(DwConvArgs const& a, long long min_ctas, long long max_bytes = kTileMaxBytes) {
   TileShape s{0, 0, 0, 0};
-  s.chunks = a.c / 8 < kTileChunks ? a.c / 8 : kTileChunks;
-  if (s.chunks == 0 || tile_bytes(2, a.w, s.chunks) > max_bytes) return s;
+  s.chunks = a.layer_norm || a.c / 8 < kTileChunks ? a.c / 8 : kTileChunks;
+  auto bytes = [&](int rows) { return tile_bytes(rows, a.w, s.chunks) + layer_norm_bytes(a, rows); };
+  if (s.chunks == 0 || s.chunks > kTileThreads || bytes(2) > max_bytes) return s;
   s.slices = (a.c / 8 + s.chunks - 1) / s.chunks;
   int rows = a.h + (a.h & 1);
-  while (rows > 2 && tile_bytes(rows, a.w, s.chunks) > max_bytes) rows -= 2;
+  while (rows > 2 && bytes(rows) > max_bytes) rows -= 2;
   while (rows > 2 && a.n * s.slices * ((a.h + rows - 1) / rows) < min_ctas) rows = ((rows / 2) + 1) & ~1;
   s.rows = rows;
   s.bands = (a.h + rows - 1) / rows;
@@ -261,6 +269,89 @@ __device__ __forceinline__ void add_column(float (&acc)[8], float const (&col)[3
   }
 }
 
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// LayerNorm of one row of c channels by one warp (a.layer_norm): src -> each dst (null ones
+// skipped), layer_norm_rows's arithmetic (float32 mean, then the mean square deviation, rstd by
+// rsqrtf, one rounding).  src and dst may be the same (shared memory in place).
+template <typename T>
+__device__ __forceinline__ void layer_norm_row(DwConvArgs const& a, T const* src, T* const (&dst)[kMaxProjections],
+                                               int lane) {
+  float sum = 0.0f;
+  for (int e = lane; e < a.c; e += 32) sum += to_float(src[e]);
+  const float mean = warp_sum(sum) / static_cast<float>(a.c);
+  float sq = 0.0f;
+  for (int e = lane; e < a.c; e += 32) {
+    const float d = to_float(src[e]) - mean;
+    sq += d * d;
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(a.c) + a.ln_eps);
+  for (int e = lane; e < a.c; e += 32) {
+    const float gamma = a.ln_weight ? load_param<T>(a.ln_weight, e, a.ln_params_f32) : 1.0f;
+    const float beta = a.ln_bias ? load_param<T>(a.ln_bias, e, a.ln_params_f32) : 0.0f;
+    const T v = from_float<T>((to_float(src[e]) - mean) * rstd * gamma + beta);
+#pragma unroll
+    for (int j = 0; j < kMaxProjections; ++j)
+      if (dst[j]) dst[j][e] = v;
+  }
+}
+
+// LayerNorm of the band's in-map pixels in shared memory, in place (a.layer_norm; the slice holds
+// all `chunks` of a pixel), with layer_norm_rows's arithmetic (float32 mean, then the mean square
+// deviation, rsqrtf, one rounding): a thread per pixel takes its statistics (two passes over its
+// chunks, each lane starting at its own chunk so that a warp's 16-byte reads spread over the
+// banks), then a thread per (pixel, chunk) normalizes.  No shuffles: every step is parallel.
+template <typename T>
+__device__ __forceinline__ void layer_norm_band(DwConvArgs const& a, uint4* tile, int pixels, int cols, int r0,
+                                                int chunks) {
+  float2* stats = reinterpret_cast<float2*>(tile + pixels * chunks);
+  float* gamma = reinterpret_cast<float*>(stats + pixels);
+  float* beta = gamma + a.c;
+  for (int e = threadIdx.x; e < a.c; e += kTileThreads) {
+    gamma[e] = a.ln_weight ? load_param<T>(a.ln_weight, e, a.ln_params_f32) : 1.0f;
+    beta[e] = a.ln_bias ? load_param<T>(a.ln_bias, e, a.ln_params_f32) : 0.0f;
+  }
+  for (int pixel = threadIdx.x; pixel < pixels; pixel += kTileThreads) {
+    uint4 const* v = tile + pixel * chunks;
+    float sum = 0.0f;
+    for (int k = 0, g = threadIdx.x % chunks; k < chunks; ++k, g = g + 1 == chunks ? 0 : g + 1) {
+      const uint4 raw = v[g];
+      T const* e = reinterpret_cast<T const*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += to_float(e[i]);
+    }
+    const float mean = sum / static_cast<float>(a.c);
+    float sq = 0.0f;
+    for (int k = 0, g = threadIdx.x % chunks; k < chunks; ++k, g = g + 1 == chunks ? 0 : g + 1) {
+      const uint4 raw = v[g];
+      T const* e = reinterpret_cast<T const*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float d = to_float(e[i]) - mean;
+        sq += d * d;
+      }
+    }
+    stats[pixel] = make_float2(mean, rsqrtf(sq / static_cast<float>(a.c) + a.ln_eps));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pixels * chunks; i += kTileThreads) {
+    const int pixel = i / chunks, g = i % chunks;
+    const int y = r0 - 1 + pixel / cols, x = pixel % cols - 1;
+    if (y < 0 || y >= a.h || x < 0 || x >= a.w) continue;  // padding stays zero
+    const float2 st = stats[pixel];
+    uint4 raw = tile[i];
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      e[k] = from_float<T>((to_float(e[k]) - st.x) * st.y * gamma[g * 8 + k] + beta[g * 8 + k]);
+    tile[i] = raw;
+  }
+}
+
 // The CTA's body (the kernel below; the CPU emulator calls it with its own shared memory).
 template <typename T>
 __device__ __forceinline__ void dw_tile_body(DwConvArgs const& a, TileShape const& s, uint4* tile) {
@@ -286,7 +377,7 @@ __device__ __forceinline__ void dw_tile_body(DwConvArgs const& a, TileShape cons
     copy16_or_zero(tile + pixel * s.chunks + g, src, inside);
   }
   // each output's lead rows (CvT's cls token), by the first band's CTAs, meanwhile
-  if (band == 0) {
+  if (band == 0 && !a.layer_norm) {
     for (int i = threadIdx.x; i < a.projections * a.lead * gs; i += kTileThreads) {
       const int g = i % gs, r = (i / gs) % a.lead, j = i / (gs * a.lead);
       const long long out_rows = a.lead + static_cast<long long>(a.ho[j]) * a.wo[j];
@@ -298,6 +389,18 @@ __device__ __forceinline__ void dw_tile_body(DwConvArgs const& a, TileShape cons
   }
   copies_wait();
   __syncthreads();
+  if (a.layer_norm) {  // the band's pixels in place (halo zeros stay: padding), the lead rows
+    layer_norm_band<T>(a, tile, (s.rows + 2) * cols, cols, r0, gs);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; band == 0 && r < a.lead; r += kTileThreads / 32) {
+      T* outs[kMaxProjections] = {nullptr, nullptr, nullptr};
+      for (int j = 0; j < a.projections; ++j)
+        outs[j] = static_cast<T*>(a.y[j]) + (img * (a.lead + static_cast<long long>(a.ho[j]) * a.wo[j]) + r) * a.c;
+      layer_norm_row<T>(a, static_cast<T const*>(a.lead_tokens) + img * a.lead_image_stride +
+                               static_cast<long long>(r) * a.c, outs, lane);
+    }
+    __syncthreads();
+  }
 
   // 2. work items: (projection, output row in the band, strip of kTileStrip outputs), the
   // thread's chunk fixed; positions (threads sharing a chunk) take items in turn
@@ -551,7 +654,7 @@ inline DwConvPlan dw_conv_plan(DwConvArgs const& a, int num_sms, bool tiled, lon
     if (p.shape.rows > 0) {
       p.tiled = true;
       p.grid = a.n * p.shape.bands * p.shape.slices;
-      p.smem_bytes = tile_bytes(p.shape.rows, a.w, p.shape.chunks);
+      p.smem_bytes = tile_bytes(p.shape.rows, a.w, p.shape.chunks) + layer_norm_bytes(a, p.shape.rows);
       return p;
     }
   }

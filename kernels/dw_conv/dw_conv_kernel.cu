@@ -28,6 +28,7 @@ static long long tile_max_bytes() {
 template <typename T>
 static cudaError_t launch_typed(DwConvArgs const& a, int num_sms, cudaStream_t stream) {
   const DwConvPlan p = dw_conv_plan(a, num_sms, tiled_enabled(), tile_max_bytes());
+  if (a.layer_norm && !(p.tiled && p.grid <= INT32_MAX)) return cudaErrorInvalidValue;  // (dw_conv_tiled)
   if (p.tiled && p.grid <= INT32_MAX) {
     cudaError_t err = allow_dynamic_smem(dw_conv_tile_kernel<T>, static_cast<size_t>(p.smem_bytes));
     if (err != cudaSuccess) return err;
@@ -55,6 +56,11 @@ cudaError_t launch_dw_conv_backward_input(DwConvBackwardArgs const& a, int num_s
   if (a.n == 0 || a.c == 0 || a.h == 0 || a.w == 0) return cudaSuccess;
   return a.dtype == DType::kF16 ? launch_backward_typed<__half>(a, num_sms, stream)
                                 : launch_backward_typed<__nv_bfloat16>(a, num_sms, stream);
+}
+
+bool dw_conv_tiled(DwConvArgs const& a, int num_sms) {
+  const DwConvPlan p = dw_conv_plan(a, num_sms, tiled_enabled(), tile_max_bytes());
+  return p.tiled && p.grid <= INT32_MAX;
 }
 
 cudaError_t launch_dw_conv(DwConvArgs const& a, int num_sms, cudaStream_t stream) {

@@ -38,6 +38,14 @@ struct DwConvArgs {
   void const* lead_tokens;     // (n, lead, c), rows contiguous, or null when lead == 0
   long long lead_image_stride;  // elements from one image's lead rows to the next's
   void* y[kMaxProjections];     // (n, lead + ho*wo, c) each
+  // layer_norm: x and lead_tokens are LayerNormed over their c channels first (the tiled kernel
+  // only: dw_conv_tiled must hold), float32 statistics, the normalized value rounded to x's
+  // dtype as layer_norm_rows writes it
+  bool layer_norm;
+  void const* ln_weight;  // (c), or null: 1
+  void const* ln_bias;    // (c), or null: 0
+  bool ln_params_f32;     // ln_weight and ln_bias are float32 (else x's dtype)
+  float ln_eps;
 };
 
 // The input gradient of the convs above (their outputs' conv rows only; the lead rows' gradient
@@ -59,6 +67,9 @@ struct DwConvBackwardArgs {
 
 // Return the launch's cudaError.
 cudaError_t launch_dw_conv(DwConvArgs const& a, int num_sms, cudaStream_t stream);
+// Whether launch_dw_conv runs the tiled kernel for these arguments (as CUTLASS_OPS_DW_TILE and
+// CUTLASS_OPS_DW_TILE_BYTES say now): required for layer_norm.
+bool dw_conv_tiled(DwConvArgs const& a, int num_sms);
 cudaError_t launch_dw_conv_backward_input(DwConvBackwardArgs const& a, int num_sms, cudaStream_t stream);
 
 }  // namespace dw_conv

@@ -2,10 +2,14 @@
 // convs (padding 1, stride 1 or 2 each) with per-channel biases on the NHWC map that tokens x
 // (N, h*w, C) hold, one per entry of `strides` (1 to 3), each returning tokens
 // (N, L + Ho*Wo, C) whose first L rows are `lead` (N, L, C) (none: L = 0).  FusedCvT's eval-mode
-// dw_bn q/k/v projections in one call, the cls token as the lead (CvT's stage 3).  Inference
-// only (no autograd).  Schema, checks and the CPU (ATen) implementation; CUDA in
-// dw_conv_cuda.cpp, the fake in cutlass_ops/ops.py.
+// dw_bn q/k/v projections in one call, the cls token as the lead (CvT's stage 3).
+// layer_norm_dw_conv3x3_tokens(x, h, w, ln_weight, ln_bias, eps, weight, bias, strides, lead):
+// the same convs on LayerNorm(x) (and the lead rows LayerNormed), the block's norm1 inside the
+// kernel.  Schema, checks and the CPU (ATen) implementations; CUDA in dw_conv_cuda.cpp, the
+// fakes and autograd in cutlass_ops/ops.py and autograd.py.
 #include "dw_conv/dw_conv_op.h"
+
+#include <cmath>
 
 namespace cutlass_ops {
 namespace dw_conv {
@@ -84,6 +88,46 @@ std::vector<Tensor> dw_conv3x3_tokens_aten(Tensor const& x, int64_t h, int64_t w
   return out;
 }
 
+void check_layer_norm(Tensor const& x, std::optional<Tensor> const& ln_weight, std::optional<Tensor> const& ln_bias,
+                      double eps) {
+  char const* op = "layer_norm_dw_conv3x3_tokens";
+  int64_t const c = x.size(2);
+  for (auto const& [name, t] : {std::pair<char const*, std::optional<Tensor> const*>{"ln_weight", &ln_weight},
+                                {"ln_bias", &ln_bias}}) {
+    if (!*t) continue;
+    Tensor const& v = **t;
+    CUTLASS_OPS_CHECK_VALUE(v.dim() == 1 && v.size(0) == c, op, ": ", name, " must be (", c, "), got ", v.sizes());
+    CUTLASS_OPS_CHECK_VALUE(is_floating(v.scalar_type()), op, ": ", name, " must be floating, got ", v.scalar_type());
+    CUTLASS_OPS_CHECK_VALUE(v.device() == x.device(), op, ": ", name, " is on ", v.device(), " but x is on ",
+                            x.device());
+  }
+  CUTLASS_OPS_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+}
+
+Tensor layer_norm_last_dim(Tensor const& t, std::optional<Tensor> const& ln_weight,
+                           std::optional<Tensor> const& ln_bias, double eps) {
+  ScalarType const dtype = t.scalar_type(), ct = dtype == kDouble ? kDouble : kFloat;
+  std::optional<Tensor> w, b;
+  if (ln_weight) w = to_dtype(*ln_weight, ct);
+  if (ln_bias) b = to_dtype(*ln_bias, ct);
+  // layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
+  Tensor y = aten_call("aten::layer_norm", "", to_dtype(t, ct), std::vector<int64_t>{t.size(t.dim() - 1)}, w, b, eps,
+                       false);
+  return to_dtype(y, dtype);
+}
+
+std::vector<Tensor> layer_norm_dw_conv3x3_tokens_aten(Tensor const& x, int64_t h, int64_t w,
+                                                      std::optional<Tensor> const& ln_weight,
+                                                      std::optional<Tensor> const& ln_bias, double eps,
+                                                      Tensor const& weight, std::optional<Tensor> const& bias,
+                                                      IntArrayRef strides, std::optional<Tensor> const& lead) {
+  check_inputs(x, h, w, weight, bias, strides, lead);
+  check_layer_norm(x, ln_weight, ln_bias, eps);
+  std::optional<Tensor> lead_n;
+  if (lead) lead_n = layer_norm_last_dim(*lead, ln_weight, ln_bias, eps);
+  return dw_conv3x3_tokens_aten(layer_norm_last_dim(x, ln_weight, ln_bias, eps), h, w, weight, bias, strides, lead_n);
+}
+
 std::vector<std::pair<int64_t, int64_t>> check_backward_inputs(std::vector<Tensor> const& grad_y, int64_t h,
                                                                int64_t w, Tensor const& weight, IntArrayRef strides) {
   char const* op = "dw_conv3x3_tokens_backward_input";
@@ -147,9 +191,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   m.def("dw_conv3x3_tokens(Tensor x, int h, int w, Tensor weight, Tensor? bias, int[] strides, Tensor? lead) "
         "-> Tensor[]");
   m.def("dw_conv3x3_tokens_backward_input(Tensor[] grad_y, int h, int w, Tensor weight, int[] strides) -> Tensor");
+  m.def("layer_norm_dw_conv3x3_tokens(Tensor x, int h, int w, Tensor? ln_weight, Tensor? ln_bias, float eps, "
+        "Tensor weight, Tensor? bias, int[] strides, Tensor? lead) -> Tensor[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_aten));
   m.impl("dw_conv3x3_tokens_backward_input", TORCH_BOX(&cutlass_ops::dw_conv::dw_conv3x3_tokens_backward_input_aten));
+  m.impl("layer_norm_dw_conv3x3_tokens", TORCH_BOX(&cutlass_ops::dw_conv::layer_norm_dw_conv3x3_tokens_aten));
 }

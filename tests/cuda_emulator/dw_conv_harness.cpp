@@ -5,14 +5,17 @@
 
 using namespace cutlass_ops::dw_conv;
 
-// Returns 0, 1 on a deadlock; vec_out: the vector width used; tiled_out: 1 where the tiled
-// kernel ran (dw_conv_plan, as the launcher for a GPU of 2 SMs, `tiled` as CUTLASS_OPS_DW_TILE).
+// Returns 0, 1 on a deadlock (2: layer_norm asked where the tiled kernel does not run); vec_out:
+// the vector width used; tiled_out: 1 where the tiled kernel ran; layer_norm: x and lead
+// LayerNormed first (ln_*: DwConvArgs's) (dw_conv_plan, as the launcher for a GPU of 2 SMs, `tiled` as CUTLASS_OPS_DW_TILE).
 // strides and y: `projections` entries each.  grid 0: the strip kernel's launcher count for a
 // GPU of 2 SMs (so that threads loop over several rows).
 extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int projections, const int* strides, int lead,
                            const void* x, long long x_image_stride, const void* weight, const void* bias,
                            int params_f32, const void* lead_tokens, long long lead_image_stride, void* const* y,
-                           unsigned grid, unsigned seed, int tiled, int* vec_out, int* tiled_out) {
+                           unsigned grid, unsigned seed, int tiled, int* vec_out, int* tiled_out,
+                           int layer_norm, const void* ln_weight, const void* ln_bias, int ln_params_f32,
+                           float ln_eps) {
   DwConvArgs a{};
   a.dtype = bf16 ? DType::kBF16 : DType::kF16;
   a.n = n;
@@ -34,10 +37,16 @@ extern "C" int emu_dw_conv(int bf16, long long n, int h, int w, int c, int proje
   a.params_f32 = params_f32 != 0;
   a.lead_tokens = lead_tokens;
   a.lead_image_stride = lead_image_stride;
+  a.layer_norm = layer_norm != 0;  // (the launcher requires the tiled kernel for it: the caller checks tiled_out)
+  a.ln_weight = ln_weight;
+  a.ln_bias = ln_bias;
+  a.ln_params_f32 = ln_params_f32 != 0;
+  a.ln_eps = ln_eps;
   const DwConvPlan plan = dw_conv_plan(a, 2, tiled != 0);
   const int vec = plan.vec;
   *vec_out = vec;
   *tiled_out = plan.tiled ? 1 : 0;
+  if (a.layer_norm && !plan.tiled) return 2;
   if (plan.tiled) {
     std::vector<uint4> tile((plan.smem_bytes + 15) / 16);
     const TileShape shape = plan.shape;

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import _emulator
 import cutlass_ops
 from _helpers import poison_cuda_cache
-from cutlass_ops.ops import dw_conv3x3_tokens
+from cutlass_ops.ops import dw_conv3x3_tokens, layer_norm_dw_conv3x3_tokens
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
@@ -127,12 +127,13 @@ def dw_emulator(tmp_path_factory):
 GUARD = 64
 
 
-def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0, tiled=True, kernel=None):
+def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0, tiled=True, kernel=None, ln=None):
     """The kernel the launcher picks (the tiled one unless `tiled` is off, as CUTLASS_OPS_DW_TILE=0;
     kernel: a list that gets "tiled" or "strip" appended); each output poisoned with NaN and
     GUARD sentinels after it; offset > 0 misaligns x and the outputs by that many elements (the
     element-wise path); skip > 0 hands it x as a view of tokens with `skip` NaN rows before each
-    image's (as CvT's tokens less the cls row)."""
+    image's (as CvT's tokens less the cls row); ln: (weight, bias, eps), x and ld LayerNormed
+    first (the tiled kernel's layer_norm)."""
     n, _, c = x.shape
     if skip:
         full = torch.full((n, skip + h * w, c), float("nan"), dtype=x.dtype)
@@ -158,7 +159,10 @@ def run_emulated(lib, x, h, w, wt, b, strides, ld, seed=0, offset=0, skip=0, til
     rc = lib.emu_dw_conv(int(x.dtype == torch.bfloat16), ctypes.c_longlong(n), h, w, c, len(strides), stride_arr,
                          lead, ptr(xb[x_start:]), ctypes.c_longlong(image_stride), ptr(wt), ptr(b), params_f32,
                          ptr(ld), ctypes.c_longlong(lead * c), y_ptrs, 0, seed, int(tiled), ctypes.byref(vec),
-                         ctypes.byref(picked))
+                         ctypes.byref(picked), int(ln is not None), ptr(ln[0] if ln else None),
+                         ptr(ln[1] if ln else None), int(ln is not None and ln[0].dtype == torch.float32),
+                         ctypes.c_float(ln[2] if ln else 0.0))
+    assert rc != 2, "layer_norm where the tiled kernel does not run"
     assert rc == 0, "deadlock"
     if kernel is not None:
         kernel.append("tiled" if picked.value else "strip")
@@ -195,6 +199,44 @@ def test_kernel_on_the_emulator(dw_emulator, dtype, c, vec, strides, lead, hw, t
         assert all(torch.equal(y[:, :lead], ld) for y in ys)
     again, _ = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, seed=7, tiled=tiled)
     assert all(torch.equal(y, z) for y, z in zip(ys, again))
+
+
+def layer_norm_params(c, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed + 100)
+    return (1 + 0.5 * torch.randn(c, generator=g)).to(dtype), (0.3 * torch.randn(c, generator=g)).to(dtype), 1e-5
+
+
+def layer_normed(t, ln):
+    """float64 LayerNorm over the last dimension (the reference of the kernel's layer_norm)."""
+    return None if t is None else F.layer_norm(t.double(), (t.shape[-1],), ln[0].double(), ln[1].double(), ln[2])
+
+
+@emulator
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("c", [64, 24, 80])
+@pytest.mark.parametrize("strides", [[1], QKV, [2, 1]])
+@pytest.mark.parametrize("lead", [0, 1])
+@pytest.mark.parametrize("hw", [(9, 7), (6, 4)])
+def test_layer_norm_kernel_on_the_emulator(dw_emulator, dtype, c, strides, lead, hw):
+    """The tiled kernel with the LayerNorm inside (layer_norm_dw_conv3x3_tokens: every channel in
+    one slice; the band's pixels normalized in shared memory, the padding left zero; the lead
+    rows normalized into every output): against float64 LayerNorm then convs, several bands,
+    x's values far from zero mean (the statistics' cancellation shows), float32 LayerNorm
+    parameters bitwise as 16-bit ones, two schedules bitwise."""
+    h, w = hw
+    x, wt, b, ld = inputs(3, h, w, c, dtype, lead, seed=c + 1, convs=len(strides))
+    x = (x.double() * 2 + 5).to(dtype)
+    ln = layer_norm_params(c, dtype, seed=c)
+    kernel = []
+    ys, _ = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, ln=ln, kernel=kernel)
+    assert kernel == ["tiled"]
+    assert not any(torch.isnan(y).any() for y in ys)
+    want = reference(layer_normed(x, ln), h, w, wt, b, strides, layer_normed(ld, ln))
+    assert worst(ys, want) <= TOL[dtype]
+    again, _ = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, seed=7, ln=ln)
+    assert all(torch.equal(y, z) for y, z in zip(ys, again))
+    wide, _ = run_emulated(dw_emulator, x, h, w, wt, b, strides, ld, ln=(ln[0].float(), ln[1].float(), ln[2]))
+    assert all(torch.equal(y, z) for y, z in zip(ys, wide))
 
 
 @emulator
@@ -239,6 +281,71 @@ def test_kernel_on_the_emulator_params_and_alignment(dw_emulator, dtype):
     off[1:] = wt.reshape(-1)
     shifted, vec = run_emulated(dw_emulator, x, 6, 6, off[1:].view(wt.shape), b, QKV, ld)
     assert vec == 1 and all(torch.equal(p, q) for p, q in zip(shifted, native))
+
+
+# ---- layer_norm_dw_conv3x3_tokens: the convs on LayerNorm(x) ------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("strides, lead", [(QKV, 1), ([2], 0)])
+def test_layer_norm_op_cpu(dtype, strides, lead):
+    x, wt, b, ld = inputs(2, 5, 4, 16, dtype, lead, seed=9, convs=len(strides))
+    ln = layer_norm_params(16, dtype)
+    ys = layer_norm_dw_conv3x3_tokens(x, 5, 4, ln[0], ln[1], ln[2], wt, b, strides, ld)
+    want = reference(layer_normed(x, ln), 5, 4, wt, b, strides, layer_normed(ld, ln))
+    assert worst(ys, want) <= TOL[dtype]
+    plain = layer_norm_dw_conv3x3_tokens(x, 5, 4, None, None, 1e-5, wt, b, strides, ld)  # no affine
+    no_affine = (torch.ones(16, dtype=dtype), torch.zeros(16, dtype=dtype), 1e-5)
+    assert worst(plain, reference(layer_normed(x, no_affine), 5, 4, wt, b, strides, layer_normed(ld, no_affine))) \
+        <= TOL[dtype]
+
+
+def test_layer_norm_op_gradcheck_and_opcheck_cpu():
+    x, wt, b, ld = inputs(2, 3, 4, 5, torch.float64, 1, seed=4)
+    lw, lb, eps = layer_norm_params(5, torch.float64)
+    args = tuple(t.requires_grad_() for t in (x, lw, lb, wt, b, ld))
+
+    def f(x, lw, lb, wt, b, ld):
+        return tuple(layer_norm_dw_conv3x3_tokens(x, 3, 4, lw, lb, eps, wt, b, QKV, ld))
+    assert torch.autograd.gradcheck(f, args)
+    x, wt, b, ld = inputs(2, 3, 4, 8, torch.float32, 1, seed=5)
+    lw, lb, eps = layer_norm_params(8, torch.float32)
+    torch.library.opcheck(torch.ops.cutlass_ops.layer_norm_dw_conv3x3_tokens.default,
+                          (x, 3, 4, lw, lb, eps, wt, b, QKV, ld))
+
+
+def test_layer_norm_op_bad_input():
+    x, wt, b, ld = inputs(2, 4, 4, 8, torch.float32, 1)
+    lw, lb, eps = layer_norm_params(8, torch.float32)
+    with pytest.raises(ValueError, match="ln_weight must be"):
+        layer_norm_dw_conv3x3_tokens(x, 4, 4, lw[:4], lb, eps, wt, b, QKV, ld)
+    with pytest.raises(ValueError, match="ln_bias must be floating"):
+        layer_norm_dw_conv3x3_tokens(x, 4, 4, lw, lb.int(), eps, wt, b, QKV, ld)
+    with pytest.raises(ValueError, match="eps must be"):
+        layer_norm_dw_conv3x3_tokens(x, 4, 4, lw, lb, -1.0, wt, b, QKV, ld)
+    with pytest.raises(ValueError, match="not h\\*w"):
+        layer_norm_dw_conv3x3_tokens(x, 4, 5, lw, lb, eps, wt, b, QKV, ld)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("c, hw, strides, lead", [(64, (56, 56), QKV, 0), (384, (14, 14), QKV, 1),
+                                                  (192, (28, 28), QKV, 0), (24, (9, 7), [2, 1], 1),
+                                                  (64, (3, 130), QKV, 1), (5, (9, 7), [1], 0)])
+def test_layer_norm_op_cuda_vs_float64(dtype, c, hw, strides, lead, monkeypatch):
+    """The tiled kernel with the LayerNorm inside (CvT's maps, an odd one), ATen's LayerNorm then
+    the convs where it does not run (a 130-wide map, 5 channels, CUTLASS_OPS_DW_TILE=0): each
+    against float64, x far from zero mean, the outputs' memory poisoned first."""
+    h, w = hw
+    x, wt, b, ld = inputs(3, h, w, c, dtype, lead, convs=len(strides))
+    x = (x.double() * 2 + 5).to(dtype)
+    ln = layer_norm_params(c, dtype)
+    want = reference(layer_normed(x, ln), h, w, wt, b, strides, layer_normed(ld, ln))
+    for tile in ("1", "0"):
+        monkeypatch.setenv("CUTLASS_OPS_DW_TILE", tile)
+        poison_cuda_cache(8 * x.numel())
+        ys = layer_norm_dw_conv3x3_tokens(x.cuda(), h, w, ln[0].cuda(), ln[1].cuda(), ln[2], wt.cuda(), b.cuda(),
+                                          strides, None if ld is None else ld.cuda())
+        assert worst(ys, want) <= TOL[dtype], tile
 
 
 # ---- the backward: autograd on the CPU, the input-gradient kernel on the emulator --------------
@@ -393,16 +500,24 @@ def test_fused_cvt_dw_tokens_against_float64(device, monkeypatch):
     calls = []
     op = cutlass_ops.fused_cvt.dw_conv3x3_tokens
     monkeypatch.setattr(cutlass_ops.fused_cvt, "dw_conv3x3_tokens", lambda *a: calls.append(1) or op(*a))
+    ln_op = cutlass_ops.fused_cvt.layer_norm_dw_conv3x3_tokens  # (norm1 inside: opt-in, CUDA)
+    monkeypatch.setattr(cutlass_ops.fused_cvt, "layer_norm_dw_conv3x3_tokens",
+                        lambda *a: calls.append(2) or ln_op(*a))
 
     def run(flag):
         monkeypatch.setenv("CUTLASS_OPS_CVT_DW_TOKENS", flag)
         with torch.no_grad():
             return fused(x.to(device, dtype))
     on = run("1")
-    assert len(calls) == 13  # q, k, v of every block in one call
+    assert calls == [1] * 13  # q, k, v of every block in one call
     off = run("0")
     assert len(calls) == 13
     if device == "cpu":
         assert rel(on, want) <= 1e-12
     else:
         assert rel(on, want) <= max(2 * rel(off, want), 5e-3), (rel(on, want), rel(off, want))
+        calls.clear()
+        monkeypatch.setenv("CUTLASS_OPS_CVT_NORM1_IN_DW", "1")
+        inside = run("1")  # each block's norm1 inside the dw kernel (opt-in)
+        assert calls == [2] * 13
+        assert rel(inside, want) <= max(1.5 * rel(on, want), 5e-3), (rel(inside, want), rel(on, want))

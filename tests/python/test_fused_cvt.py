@@ -460,6 +460,8 @@ def test_fused_cvt_cuda_inference_paths(dtype, switches, monkeypatch):
         return y
     monkeypatch.setattr(fused_cvt, "conv2d_fused", counting_conv)
     monkeypatch.setattr(fused_cvt, "dw_conv3x3_tokens", lambda *a: dw_calls.append(1) or dw(*a))
+    ln_dw = fused_cvt.layer_norm_dw_conv3x3_tokens  # (the same kernel with each block's norm1 inside)
+    monkeypatch.setattr(fused_cvt, "layer_norm_dw_conv3x3_tokens", lambda *a: dw_calls.append(2) or ln_dw(*a))
     embed_calls, embed = [], fused_cvt.conv_embed
     monkeypatch.setattr(fused_cvt, "conv_embed", lambda *a: embed_calls.append(1) or embed(*a))
     _low_precision_check("cuda", dtype, 3, 224, 224, train=False)
