@@ -4,6 +4,7 @@
 # time, by its soname, to the one torch has loaded.  Sets CUTLASS_OPS_CUBLASLT_TARGET.
 if(TARGET CUDA::cublasLt)
   set(CUTLASS_OPS_CUBLASLT_TARGET CUDA::cublasLt)
+  message(STATUS "cutlass_ops: cuBLASLt from the CUDA toolkit (${CUDAToolkit_LIBRARY_DIR})")
   return()
 endif()
 execute_process(
