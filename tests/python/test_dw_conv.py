@@ -1,10 +1,12 @@
 """cutlass_ops.ops.dw_conv3x3_tokens (issue 20: CvT's dw_bn q/k/v projections in eval mode, all
 three from one read of the map, the folded biases inside and the cls token in front, so that
 neither a bias add nor a concatenation follows a depthwise conv): the op's CPU path against
-float64, opcheck, bad input; the CUDA kernel on the CPU emulator (tests/cuda_emulator: both
-vector widths, strides 1 and 2 alone and together, with and without the lead rows, against
-float64, outputs poisoned with NaN and guard elements after them, two thread schedules bitwise
-equal, 16-bit parameters bitwise as their float32 copies); the backward (gradcheck in float64
+float64, opcheck, bad input; the CUDA kernels, tiled and strip, on the CPU emulator
+(tests/cuda_emulator: both vector widths, strides 1 and 2 alone and together, with and without
+the lead rows, against float64, outputs poisoned with NaN and guard elements after them, two
+thread schedules bitwise equal, 16-bit parameters bitwise as their float32 copies);
+layer_norm_dw_conv3x3_tokens (the convs on LayerNorm(x), the tiled kernel normalizing its band)
+on the CPU, the emulator and the GPU; the backward (gradcheck in float64
 on the CPU; the input-gradient kernel on the emulator against float64 autograd, views behind a
 lead row, two schedules bitwise); the kernels on a GPU, forward and backward (skipped without
 one); FusedCvT with the switch against its default path."""
