@@ -225,7 +225,26 @@ class _Kernel:
                 "fused_weight_grad_warps": self.config.dw_warps, "smem_bwd_dw": self.config.smem_dw}
 
 
-def _fused_weight_grads(spec: MlpSpec, x: torch.Tensor) -> bool:
+_CONFIGS: dict[tuple, "mlp_emit.Config"] = {}
+
+
+def _config(key: str, device_index: int, forward: bool) -> "mlp_emit.Config":
+    """The kernel config (mlp_emit.choose_config) of the model's forward or backward kernel on
+    this GPU under the switches now set; cached, as the switches and the GPU's shared memory
+    are all it depends on (host time: this runs every call)."""
+    k = (key, device_index, _resident_allowed(), _inplace_allowed(forward))
+    cfg = _CONFIGS.get(k)
+    if cfg is None:
+        smem = torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+        cfg = _CONFIGS[k] = mlp_emit.choose_config(_spec(key), smem, resident=k[2], inplace=k[3])
+    return cfg
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _fused_weight_grads(key: str, x: torch.Tensor) -> bool:
     """Whether the backward computes the weight gradients in its kernel (resident models whose dW
     fits in registers, on CUDA in float16/bfloat16) rather than as GEMMs over saved dz.  On by
     default since the H200 run (32-64x4-16, training step at 2^21 rows: 1.72 ms against 2.12 ms
@@ -234,22 +253,20 @@ def _fused_weight_grads(spec: MlpSpec, x: torch.Tensor) -> bool:
     fake tensors decides the same."""
     if x.device.type != "cuda" or x.dtype not in _CUDA_DTYPES or os.environ.get("CUTLASS_OPS_MLP_FUSED_DW", "1") == "0":
         return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-    return mlp_emit.choose_config(spec, smem, resident=_resident_allowed(),
-                                  inplace=_inplace_allowed(inference=False)).dw_warps > 0
+    return _config(key, _device_index(x.device), forward=False).dw_warps > 0
 
 
-def _inplace_allowed(inference: bool) -> bool:
+def _inplace_allowed(forward: bool) -> bool:
     """Whether models whose weights fit in shared memory beside one activation tile per warp but
     not two (e.g. 32-128x6-16 on sm90) keep them resident and compute each layer in place,
-    instead of streaming them.  By default for forwards without grad only: on the H200 the
-    in-place kernel ran 32-128x6-16's inference at 2^21 rows in 1.43 ms against 2.32 ms streamed,
-    but its training step in 11.96 ms against 11.11 (docs/results/mlp_h200_session11/).
-    CUTLASS_OPS_MLP_INPLACE=1 uses it for every call, =0 for none; read per call, both kernels
-    cached side by side."""
+    instead of streaming them.  By default in every forward (inference and training's, which
+    saves the intermediates for the backward) and not in the backward: on an H100
+    (docs/results/mlp_h100_session17/) 32-128x6-16's forward with saves at 2^21 rows took 2.07 ms
+    in place against 3.52 streamed, its backward 8.38 ms in place against 5.98 streamed (the two
+    kernels read and write the saved tensors in the same layout).  CUTLASS_OPS_MLP_INPLACE=1 uses
+    it for every kernel, =0 for none; read per call, the kernels cached side by side."""
     flag = os.environ.get("CUTLASS_OPS_MLP_INPLACE", "")
-    return flag == "1" if flag in ("0", "1") else inference
+    return flag == "1" if flag in ("0", "1") else forward
 
 
 def _resident_allowed() -> bool:
@@ -263,11 +280,13 @@ _LOCK = threading.Lock()
 _KEY_LOCKS: dict[tuple, threading.Lock] = {}
 
 
-def _kernel(key: str, dtype: torch.dtype, device: torch.device, inference: bool = False) -> _Kernel:
-    """The model's kernel for a training forward and the backward, or (inference) for a forward
-    without save: the two differ where the in-place shape applies (_inplace_allowed)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    inplace = _inplace_allowed(inference)
+def _kernel(key: str, dtype: torch.dtype, device: torch.device, forward: bool = False) -> _Kernel:
+    """The model's kernel for the forward (with or without save), or for the backward: the two
+    differ where the in-place shape applies to the forward only (_inplace_allowed)."""
+    index = _device_index(device)
+    # keyed by the shape the switches give this model, so that a model the in-place shape does
+    # not apply to has one kernel for both passes
+    inplace = _config(key, index, forward).inplace
     k = (key, dtype, index, _resident_allowed(), inplace)
     kern = _KERNELS.get(k)
     if kern is None:
@@ -404,7 +423,7 @@ def _fused_mlp_cuda(x, weights, biases, key, save):
     if x.dtype not in _CUDA_DTYPES:
         _warn_torch_path(x.dtype)
         return _forward_math(x, weights, biases, spec, save)
-    kern = _kernel(key, x.dtype, x.device, inference=not save)
+    kern = _kernel(key, x.dtype, x.device, forward=True)
     M = x.shape[0]
     x = _aligned(x)
     weights = [_aligned(w) for w in weights]
@@ -487,11 +506,13 @@ def _check_saved(grad_y, x, saved, spec):
                          f"{x.device}, got {tuple(grad_y.shape)} {grad_y.dtype} on {grad_y.device}")
 
 
-def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx, fused_dw):
+def _backward_kernels(grad_y, x, weights, saved, key, need_dx, fused_dw):
+    """The backward on CUDA in float16/bfloat16: (dx, dzs, db, dw) with db and dw flat float32
+    sums of the kernel's partials (mlp_emit.partial_layout: every layer's in one row; None where
+    no layer has a bias, or where the weight gradients are GEMMs: dzs are then layer i's dz, else
+    empty).  One reduction per kind over all layers, rather than one per layer: fewer launches,
+    less host time."""
     spec = _spec(key)
-    _check_saved(grad_y, x, saved, spec)
-    if x.dtype not in _CUDA_DTYPES:
-        return _backward_math(grad_y, x, weights, saved, spec, need_dx, fused_dw)
     kern = _kernel(key, x.dtype, x.device)
     M = x.shape[0]
     L = len(spec.layers)
@@ -501,41 +522,72 @@ def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx, fused_dw):
     # per layer what bwd_act reads: z, or the activation where its derivative comes from it
     zs = [_aligned(saved[i] if spec.saves_pre_activation(i) else saved[L + i]) for i in range(L)]
     dx = x.new_empty((M, spec.in_features)) if need_dx else x.new_empty((0,))
-    # per warp tile: the bias gradient's column sums (the kernel's partials)
+    db_offsets, db_stride, dw_offsets, dw_stride = _partial_layout(key)
+    # per warp tile: each layer's bias-gradient column sums (the kernel's partials), one buffer
     tiles = -(-M // (16 * kern.config.mt))  # the kernels index partials by 16*MT-row warp tile
-    parts = [x.new_empty((tiles, l.out_padded), dtype=torch.float32) if l.bias else None for l in spec.layers]
+    db_parts = x.new_empty((tiles, db_stride), dtype=torch.float32) if db_stride else None
     arr = ctypes.c_void_p * L
     stream = torch.cuda.current_stream(x.device).cuda_stream
     dx_ptr = dx.data_ptr() if need_dx else None
-    db_ptrs = arr(*[0 if t is None else t.data_ptr() for t in parts])
+    db_ptrs = arr(*[0 if o is None else db_parts.data_ptr() + 4 * o for o in db_offsets])
+    dw = None
     if fused_dw and kern.config.dw_warps:
         ctas = ctypes.c_longlong(0)
         kern._check(kern.lib.fmlp_bwd_dw_ctas(kern.device_index, M, ctypes.byref(ctas)), "grid (backward, fused dW)")
-        # one float32 partial of each dW per CTA, summed below in a fixed order (deterministic)
-        dw_parts = [x.new_empty((max(ctas.value, 1), l.out_features, l.in_features), dtype=torch.float32)
-                    for l in spec.layers]
+        # one float32 partial of every dW per CTA, summed below in a fixed order (deterministic)
+        dw_parts = x.new_empty((max(ctas.value, 1), dw_stride), dtype=torch.float32)
         acts = [_aligned(saved[L + i]) if i < L - 1 else x for i in range(L)]
         kern._check(kern.lib.fmlp_bwd_dw(kern.device_index, grad_y.data_ptr(), dx_ptr, x.data_ptr(),
                                          arr(*[t.data_ptr() for t in zs]), arr(*[t.data_ptr() for t in acts]),
                                          arr(*[w.data_ptr() for w in weights]),
-                                         arr(*[t.data_ptr() for t in dw_parts]), db_ptrs, M, stream),
+                                         arr(*[dw_parts.data_ptr() + 4 * o for o in dw_offsets]), db_ptrs, M, stream),
                     "launch (backward, fused dW)")
-        dws = [t.sum(0) if M > 0 else t.new_zeros(t.shape[1:]) for t in dw_parts]
-        dzs = [x.new_empty((0,)) for _ in spec.layers]
+        dw = dw_parts.sum(0) if M > 0 else dw_parts.new_zeros((dw_stride,))
+        dzs = []
     else:
         dzs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
         kern._check(kern.lib.fmlp_bwd(kern.device_index, grad_y.data_ptr(), dx_ptr,
                                       arr(*[t.data_ptr() for t in zs]), arr(*[w.data_ptr() for w in weights]),
                                       arr(*[t.data_ptr() for t in dzs]), db_ptrs, M, stream),
                     "launch (backward)")
+    db = None if db_parts is None else (db_parts.sum(0) if M > 0 else db_parts.new_zeros((db_stride,)))
+    return dx, dzs, db, dw
+
+
+_LAYOUTS: dict[str, tuple] = {}
+
+
+def _partial_layout(key: str) -> tuple:
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _LAYOUTS[key] = mlp_emit.partial_layout(_spec(key))
+    return layout
+
+
+def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx, fused_dw):
+    spec = _spec(key)
+    _check_saved(grad_y, x, saved, spec)
+    if x.dtype not in _CUDA_DTYPES:
+        return _backward_math(grad_y, x, weights, saved, spec, need_dx, fused_dw)
+    L = len(spec.layers)
+    kern_dw = fused_dw and _kernel(key, x.dtype, x.device).config.dw_warps
+    dx, dzs, db, dw = _backward_kernels(grad_y, x, weights, saved, key, need_dx, fused_dw)
+    db_offsets, _, dw_offsets, _ = _partial_layout(key)
+    # the op's outputs per layer, each its own tensor (the eager path, _FusedMLPFunction, keeps
+    # the flat sums instead)
+    dbs = [x.new_empty((0,), dtype=torch.float32) if o is None else db[o:o + l.out_features].clone()
+           for o, l in zip(db_offsets, spec.layers)]
+    if kern_dw:
+        dws = [dw[o:o + l.out_features * l.in_features].view(l.out_features, l.in_features).clone()
+               for o, l in zip(dw_offsets, spec.layers)]
+        dzs = [x.new_empty((0,)) for _ in spec.layers]
+    else:
         dws = [x.new_empty((0,), dtype=torch.float32) for _ in spec.layers]
         if fused_dw:  # asked for, but this model's kernel has none: the GEMMs here, same contract
             acts = [x] + [saved[L + i][:, :l.out_features] for i, l in enumerate(spec.layers[:-1])]
             dws = [_weight_grad(dz[:, :l.out_features], a, round_to_dtype=False)
                    for dz, a, l in zip(dzs, acts, spec.layers)]
             dzs = [x.new_empty((0,)) for _ in spec.layers]
-    dbs = [x.new_empty((0,), dtype=torch.float32) if t is None else t[:, :l.out_features].sum(0)
-           for t, l in zip(parts, spec.layers)]
     return dx, dzs, dbs, dws
 
 
@@ -591,7 +643,7 @@ def _backward(ctx, grad_y, grad_saved):
     need_dx = ctx.needs_input_grad[0]
     if grad_y is None:  # y unused (set_materialize_grads(False) above)
         grad_y = x.new_zeros((x.shape[0], spec.out_features))
-    fused_dw = _fused_weight_grads(spec, x)
+    fused_dw = _fused_weight_grads(ctx.key, x)
     dx, dzs, dbs, dws = torch.ops.cutlass_ops.fused_mlp_backward(grad_y.contiguous(), x, list(weights), list(saved),
                                                                  ctx.key, need_dx, fused_dw)
     gw, gb = [], []
@@ -605,6 +657,55 @@ def _backward(ctx, grad_y, grad_saved):
         gb.append(dbs[i].to(x.dtype) if ctx.has_bias[i] else None)
     # a list of Nones is one pytree leaf to autograd's input spec: its gradient is one None
     return (dx if need_dx else None), gw, (gb if any(ctx.has_bias) else None), None, None
+
+
+class _FusedMLPFunction(torch.autograd.Function):
+    """FusedMLP's eager CUDA path with grad: the same kernels and math as the registered ops,
+    called directly.  The ops' Python round trips (the dispatcher's boxing of the tensor lists,
+    register_autograd's pytree wrappers) and one reduction and cast per layer made a training
+    step of 32-64x4-16 cost 1.6 ms of host time on an H100 against eager PyTorch's 0.9-1.1
+    (docs/results/mlp_h100_session17/), more than its kernels take at 2^21 rows; here the bias
+    and weight gradients come out of one sum and one cast each.  torch.compile (and
+    CUTLASS_OPS_MLP_EAGER_OPS=1) runs the ops instead.  Inputs: x, the key, then the weights and
+    the biases (None for a layer without)."""
+
+    @staticmethod
+    def forward(ctx, x, key, *params):
+        L = len(params) // 2
+        weights, biases = params[:L], params[L:]
+        y, saved = _fused_mlp_cuda(x, weights, biases, key, True)
+        ctx.key = key
+        ctx.save_for_backward(x, *weights, *saved)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        key = ctx.key
+        spec = _spec(key)
+        L = len(spec.layers)
+        x, weights, saved = ctx.saved_tensors[0], ctx.saved_tensors[1:1 + L], ctx.saved_tensors[1 + L:]
+        need_dx = ctx.needs_input_grad[0]
+        fused_dw = _fused_weight_grads(key, x)
+        dx, dzs, db, dw = _backward_kernels(grad_y.contiguous(), x, weights, saved, key, need_dx, fused_dw)
+        db_offsets, _, dw_offsets, _ = _partial_layout(key)
+        db = None if db is None else db.to(x.dtype)
+        if dw is not None:
+            dw = dw.to(x.dtype)
+            gw = [dw[o:o + l.out_features * l.in_features].view(l.out_features, l.in_features)
+                  for o, l in zip(dw_offsets, spec.layers)]
+        else:
+            acts = [x] + [saved[L + i][:, :l.out_features] for i, l in enumerate(spec.layers[:-1])]
+            gw = [_weight_grad(dz[:, :l.out_features], a) for dz, a, l in zip(dzs, acts, spec.layers)]
+        gb = [None if o is None else db[o:o + l.out_features] for o, l in zip(db_offsets, spec.layers)]
+        return (dx if need_dx else None), None, *gw, *gb
+
+
+def _eager_kernel_path(x: torch.Tensor) -> bool:
+    """Whether FusedMLP.forward calls _FusedMLPFunction rather than the op: eager (not under
+    torch.compile), a plain tensor (subclasses and modes see the op), unless
+    CUTLASS_OPS_MLP_EAGER_OPS=1."""
+    return (not torch.compiler.is_compiling() and type(x) is torch.Tensor
+            and os.environ.get("CUTLASS_OPS_MLP_EAGER_OPS", "0") != "1")
 
 
 for _op, _cpu, _cuda in (("fused_mlp", _fused_mlp_cpu, _fused_mlp_cuda),
@@ -698,7 +799,12 @@ class FusedMLP(nn.Module):
         if runs_torch_ops(self.spec, x.device.type, x.dtype):
             return torch_layers(x, weights, biases, self.spec)
         save = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        y, _ = torch.ops.cutlass_ops.fused_mlp(x.reshape(-1, self.spec.in_features), weights, biases, self.key, save)
+        x2 = x.reshape(-1, self.spec.in_features)
+        if x.is_cuda and x.dtype in _CUDA_DTYPES and _eager_kernel_path(x):
+            y = (_FusedMLPFunction.apply(x2, self.key, *weights, *biases) if save
+                 else _fused_mlp_cuda(x2, weights, biases, self.key, False)[0])
+        else:
+            y, _ = torch.ops.cutlass_ops.fused_mlp(x2, weights, biases, self.key, save)
         return y.reshape(*lead, self.spec.out_features)
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
@@ -708,15 +814,17 @@ class FusedMLP(nn.Module):
                 and not runs_torch_ops(self.spec, x.device.type, x.dtype))
 
     def compile_kernel(self, dtype: Optional[torch.dtype] = None, device=None, inference: bool = False) -> dict:
-        """Compile (or load from the cache) the CUDA kernel now; returns ``kernel_info``'s entry.
-        The kernel of training (forward with save, and the backward); inference=True: the one of
-        forwards without grad (the same kernel unless the in-place shape applies)."""
+        """Compile (or load from the cache) the CUDA kernels now; returns ``kernel_info``'s entry
+        of the backward's kernel (training: the forwards' kernel is made ready too), or with
+        inference=True of the forwards' (the same kernel unless the in-place shape applies to
+        the forward only: _inplace_allowed)."""
         p = self.weight_0
         dtype = dtype or p.dtype
         device = torch.device(device) if device is not None else p.device
         if dtype not in _CUDA_DTYPES or device.type != "cuda":
             raise ValueError(f"FusedMLP kernels are for float16/bfloat16 on CUDA, not {dtype} on {device}")
-        return _kernel(self.key, dtype, device, inference).info()
+        forward = _kernel(self.key, dtype, device, forward=True)
+        return forward.info() if inference else _kernel(self.key, dtype, device).info()
 
     def kernel_info(self) -> list[dict]:
         return kernel_info(self.key)

@@ -50,7 +50,7 @@ from .mlp import MlpSpec, padded
 THREADS = 128
 WARPS = 4
 KERNEL_HEADER = Path(__file__).with_name("mlp_kernel.cuh")
-EMITTER_VERSION = 4  # bump when the emitted code changes in a way the header text does not show
+EMITTER_VERSION = 5  # bump when the emitted code changes in a way the header text does not show
 
 CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
@@ -210,7 +210,7 @@ def _bwd_elementwise(spec: MlpSpec, i: int, tile: str, indent: str) -> str:
     text = (f"{indent}fmlp::bwd_act<T, Act{i}, {l.out_features}, MT, SA, {_cbool(not spec.saves_pre_activation(i))}>"
             f"({tile}, p.z[{i}], p.dz[{i}], wrow0, p.M);\n")
     if l.bias:
-        text += f"{indent}fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({tile}, p.db[{i}], wrow0, p.M);\n"
+        text += f"{indent}fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA, DB_STRIDE>({tile}, p.db[{i}], wrow0, p.M);\n"
     return text
 
 
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
             out.append(f"    fmlp::bwd_act_rows<T, Act{i}, {l.out_features}, MT, SA, true, SA, false>"
                        f"({cur}, ta, nullptr, wrow0, p.M);\n")
         if l.bias:
-            out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA>({cur}, p.db[{i}], wrow0, p.M);\n")
+            out.append(f"    fmlp::bwd_bias_partial<T, {l.out_features}, MT, SA, DB_STRIDE>({cur}, p.db[{i}], wrow0, p.M);\n")
         src, cols = ("p.x", k0) if i == 0 else (f"p.a[{i - 1}]", l.in_padded)
         out.append(f"    __syncthreads();  // every warp is done with the tiles of layer {i + 1}'s dW\n"
                    f"    fmlp::warp_load_rows_async<T, BM, {cols}, fmlp::pad16({l.in_padded}), SA>"
@@ -423,12 +423,12 @@ __global__ void __launch_bounds__(DW_WARPS * 32, DW_WARPS == 4 ? 2 : 1) bwd_dw_k
         cur, nxt = nxt, cur
     out.append("""    __syncthreads();  // the next tile's dy goes into t0, which other warps may still be reading
   }
-  // this CTA's partials: p.dw[l] + blockIdx.x * out * in
+  // this CTA's partials: p.dw[l] + blockIdx.x * DW_STRIDE (every layer's in one row per CTA)
 """)
     for i, l in enumerate(layers):
         g = cfg.dw_units[i][0]
         out.append(_dw_units_loop(l, cfg.dw_units[i], "  ", f"fmlp::dw_store<{g}, {l.out_features}, {l.in_features}>("
-                                  f"dw{i}[u], p.dw[{i}] + (int64_t)blockIdx.x * {l.out_features * l.in_features}, "
+                                  f"dw{i}[u], p.dw[{i}] + (int64_t)blockIdx.x * DW_STRIDE, "
                                   f"m0, n0, ntiles);"))
     out.append("}\n")
     return "".join(out)
@@ -489,8 +489,8 @@ static inline BwdDwParams bwd_dw_params(const void* dy, void* dx, const void* x,
 
 DW_HOST = """
 // The fused weight-gradient backward (bwd_dw_kernel): its grid for M rows (the host sizes the
-// dW partials by it), and the launch.  dw[l]: (ctas, out_l, in_l) float32; a[l]: layer l's saved
-// activation (l < L - 1); db as fmlp_bwd.
+// dW partials by it), and the launch.  dw[l]: layer l's block in a (ctas, DW_STRIDE) float32
+// buffer (partial_layout); a[l]: layer l's saved activation (l < L - 1); db as fmlp_bwd.
 static int dw_grid(int device, long long M, unsigned* grid) {
   int sms = 0, per_sm = 0;
   int e = (int)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -529,6 +529,22 @@ extern "C" int fmlp_bwd_dw(int device, const void* dy, void* dx, const void* x, 
 """
 
 
+def partial_layout(spec: MlpSpec) -> tuple[tuple, int, tuple, int]:
+    """Where the backward's float32 partials go: the bias gradients' (one row per warp tile) as
+    per layer its first column in a row of ``db_stride`` (pad8(out) columns each; None for a
+    layer without bias), and the fused weight gradients' (one row per CTA) as per layer the
+    offset of its (out x in) block in a row of ``dw_stride``.  One buffer each, so the host
+    sums every layer's partials with one reduction: (db_offsets, db_stride, dw_offsets,
+    dw_stride)."""
+    db_offsets, db_stride, dw_offsets, dw_stride = [], 0, [], 0
+    for l in spec.layers:
+        db_offsets.append(db_stride if l.bias else None)
+        db_stride += l.out_padded if l.bias else 0
+        dw_offsets.append(dw_stride)
+        dw_stride += l.out_features * l.in_features
+    return tuple(db_offsets), db_stride, tuple(dw_offsets), dw_stride
+
+
 def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True,
          inplace: bool = False) -> tuple[str, Config]:
     """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config
@@ -537,6 +553,7 @@ def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True,
     if dtype not in CTYPES:
         raise ValueError(f"FusedMLP kernels exist for float16 and bfloat16, not {dtype}")
     cfg = choose_config(spec, smem_limit, resident, inplace)
+    _, db_stride, _, dw_stride = partial_layout(spec)
     layers = spec.layers
     L = len(layers)
     out = [f"// FusedMLP kernel generated by cutlass_ops_gen.mlp_emit (version {EMITTER_VERSION})\n"
@@ -552,6 +569,9 @@ constexpr int SMEM_FWD = {cfg.smem_fwd}, SMEM_BWD = {cfg.smem_bwd};
 constexpr int RESIDENT_WARPS = {cfg.resident_warps};
 constexpr int THREADS = RESIDENT_WARPS ? RESIDENT_WARPS * 32 : FMLP_THREADS;
 constexpr int DW_WARPS = {cfg.dw_warps}, SMEM_DW = {cfg.smem_dw};
+// row strides (float32 elements) of the bias-gradient partials (per warp tile) and the dW
+// partials (per CTA): every layer's in one buffer (partial_layout)
+constexpr int DB_STRIDE = {max(db_stride, 1)}, DW_STRIDE = {max(dw_stride, 1)};
 
 struct FwdParams {{ const T* x; T* y; const T* w[L]; const T* b[L]; T* z[L]; T* a[L]; long long M; }};
 // z[i]: layer i's saved pre-activation, or its saved activation where the backward takes the
@@ -628,8 +648,8 @@ extern "C" int fmlp_fwd(int device, const void* x, void* y, const void* const* w
   return (int)cudaGetLastError();
 }
 
-// db[i]: (tiles, pad8(N_i)) float32 for a layer with bias (tiles = ceil(M / (16 * MT))), each
-// warp tile's column sums of dz; null for a layer without.
+// db[i]: layer i's first column in a (tiles, DB_STRIDE) float32 buffer (tiles = ceil(M / (16 *
+// MT))) for a layer with bias: each warp tile's column sums of dz; null for a layer without.
 extern "C" int fmlp_bwd(int device, const void* dy, void* dx, const void* const* z, const void* const* w,
                         void* const* dz, void* const* db, long long M, void* stream) {
   if (M <= 0) return 0;

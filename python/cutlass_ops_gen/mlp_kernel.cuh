@@ -509,10 +509,12 @@ __device__ __forceinline__ void bwd_act(T* g, const T* __restrict__ z, T* __rest
 }
 
 // The bias gradient's share of the warp's tile: column sums of dz (in g, rows >= M zero) over its
-// 16*MT rows, in float32, into part[tile][c] (tile = the tile's index, row stride pad8(N); tiles
-// = ceil(M / (16*MT)): a streamed CTA's warps past M write nothing); the host sums the tiles.
-// Lanes read consecutive columns of one row: no bank conflict.
-template <class T, int N, int MT, int SG>
+// 16*MT rows, in float32, into part[tile * PSTRIDE + c] (tile = the tile's index; tiles =
+// ceil(M / (16*MT)): a streamed CTA's warps past M write nothing).  Every layer's partials share
+// one (tiles, PSTRIDE) buffer, part pointing at the layer's first column, so that the host sums
+// all layers' tiles with one reduction.  Lanes read consecutive columns of one row: no bank
+// conflict.
+template <class T, int N, int MT, int SG, int PSTRIDE>
 __device__ __forceinline__ void bwd_bias_partial(const T* g, float* __restrict__ part, int64_t wrow0, int64_t M) {
   constexpr int NP = pad8(N);
   const int lane = threadIdx.x & 31;
@@ -522,7 +524,7 @@ __device__ __forceinline__ void bwd_bias_partial(const T* g, float* __restrict__
     float sum = 0.0f;
 #pragma unroll 8
     for (int r = 0; r < 16 * MT; ++r) sum += Traits<T>::to_float(g[r * SG + c]);
-    part[tile * NP + c] = sum;
+    part[tile * PSTRIDE + c] = sum;
   }
 }
 

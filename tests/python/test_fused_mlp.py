@@ -373,6 +373,51 @@ def test_gpu_resident_and_streamed_weights(name, resident, monkeypatch):
 
 
 @gpu
+def test_gpu_inplace_forward_streamed_backward(monkeypatch):
+    """The default where the in-place shape applies (32-128x6-16 on sm90): the forwards, the
+    training one too, run in place, the backward on streamed weights (_inplace_allowed), reading
+    what the in-place forward saved; gradients against float64 at an odd row count."""
+    monkeypatch.delenv("CUTLASS_OPS_MLP_INPLACE", raising=False)
+    model, fused, ref_model, x = setup("relu_32_128x6_16", torch.float16, "cuda", 20011, seed=5)
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 223488:
+        pytest.skip("its weights and one tile per warp need sm90's shared memory")
+    assert fused.compile_kernel(inference=True)["inplace"]
+    backward = fused.compile_kernel()
+    assert not backward["inplace"] and backward["resident_warps"] == 0, backward
+    _check_grads("relu_32_128x6_16", fused, ref_model, x.cuda(), torch.float16, model)
+
+
+@gpu
+@pytest.mark.parametrize("name", ["relu_32_64x5_16", "odd_57_127_1_84_3", "nobias_softplus_5_24_24_2"])
+def test_gpu_eager_path_matches_the_ops(name, monkeypatch):
+    """FusedMLP's eager path (_FusedMLPFunction: the kernels called directly, the partials summed
+    once for all layers) against the registered ops (CUTLASS_OPS_MLP_EAGER_OPS=1, as under
+    torch.compile): the same forward bitwise, the gradients up to the partial sums' order."""
+    import cutlass_ops.mlp as mlp
+    _, fused, _, x = setup(name, torch.float16, "cuda", 3001, seed=4)
+    taken = []
+    real = mlp._eager_kernel_path
+    monkeypatch.setattr(mlp, "_eager_kernel_path", lambda t: taken.append(real(t)) or taken[-1])
+
+    def run():
+        fused.zero_grad(set_to_none=True)
+        xg = x.cuda().requires_grad_(True)
+        y = fused(xg)
+        y.float().square().sum().backward()
+        return [y, xg.grad] + [p.grad for p in fused.parameters()]
+
+    eager = run()
+    assert taken == [True]
+    monkeypatch.setenv("CUTLASS_OPS_MLP_EAGER_OPS", "1")
+    ops = run()
+    assert taken == [True, False]
+    assert torch.equal(eager[0], ops[0])
+    for a, b in zip(eager[1:], ops[1:]):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.isfinite(a).all()
+        assert rel(a, b) <= 1e-3, (name, rel(a, b))
+
+
+@gpu
 @pytest.mark.parametrize("name", ["relu_32_64x5_16", "tanh_2_32x2_3", "nobias_softplus_5_24_24_2", "w1_1_1"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_fused_weight_grads(name, dtype, monkeypatch):

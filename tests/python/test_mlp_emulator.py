@@ -25,7 +25,7 @@ import torch.nn as nn
 from _mlp_models import Act, chain, random_mlp
 from cutlass_ops.mlp import _backward_math, _forward_math
 from cutlass_ops_gen.mlp import trace_mlp
-from cutlass_ops_gen.mlp_emit import emit
+from cutlass_ops_gen.mlp_emit import emit, partial_layout
 
 EMU = Path(__file__).resolve().parents[1] / "cuda_emulator"
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
@@ -84,6 +84,12 @@ def guards_intact(full, n):
 
 def ptrs(ts):
     return (ctypes.c_void_p * len(ts))(*[None if t is None else t.data_ptr() for t in ts])
+
+
+def column_ptrs(buf, offsets):
+    """Per layer the address of its first column in a shared (rows, stride) float32 partials
+    buffer (mlp_emit.partial_layout), or null."""
+    return (ctypes.c_void_p * len(offsets))(*[None if o is None else buf.data_ptr() + 4 * o for o in offsets])
 
 
 def rel(a, b):
@@ -147,30 +153,37 @@ class Case:
         zs, _ = self.saved_for_backward()
         dx, dxfull = guarded((M, spec.in_features), self.dtype)
         dzs = [guarded((M, l.out_padded), self.dtype) for l in spec.layers]
-        dbs = [guarded((self.tiles(), l.out_padded), torch.float32) if l.bias else (None, None) for l in spec.layers]
+        db_offsets, db_stride, _, _ = partial_layout(spec)
+        dbs = guarded((self.tiles(), db_stride), torch.float32)
         rc = self.lib.emu_bwd(ctypes.c_void_p(self.dy.data_ptr()), ctypes.c_void_p(dx.data_ptr()), ptrs(zs),
-                              ptrs(self.w), ptrs([d for d, _ in dzs]), ptrs([d for d, _ in dbs]),
+                              ptrs(self.w), ptrs([d for d, _ in dzs]), column_ptrs(dbs[0], db_offsets),
                               ctypes.c_longlong(M), self.grid(self.cfg.bm, grid), seed)
         assert rc == 0, "deadlock"
-        for t, full in [(dx, dxfull)] + dzs + dbs:
+        for t, full in [(dx, dxfull)] + dzs + [dbs]:
             assert t is None or guards_intact(full, t.numel())
-        db = [None if d is None else d[:, :l.out_features].sum(0) for (d, _), l in zip(dbs, spec.layers)]
-        return dx, [d for d, _ in dzs], db
+        return dx, [d for d, _ in dzs], self.bias_sums(dbs[0], db_offsets)
+
+    def bias_sums(self, buf, offsets):
+        # a layer's columns left unwritten keep the NaN poison, which the comparisons catch
+        return [None if o is None else buf[:, o:o + l.out_features].sum(0) for o, l in zip(offsets, self.spec.layers)]
 
     def backward_dw(self, seed=0, grid=2):
         spec, M = self.spec, self.M
         zs, acts = self.saved_for_backward()
         dx, dxfull = guarded((M, spec.in_features), self.dtype)
-        dws = [guarded((grid, l.out_features, l.in_features), torch.float32) for l in spec.layers]
-        dbs = [guarded((self.tiles(), l.out_padded), torch.float32) if l.bias else (None, None) for l in spec.layers]
+        db_offsets, db_stride, dw_offsets, dw_stride = partial_layout(spec)
+        dws = guarded((grid, dw_stride), torch.float32)
+        dbs = guarded((self.tiles(), db_stride), torch.float32)
         rc = self.lib.emu_bwd_dw(ctypes.c_void_p(self.dy.data_ptr()), ctypes.c_void_p(dx.data_ptr()),
                                  ctypes.c_void_p(self.x.data_ptr()), ptrs(zs), ptrs(acts + [None]), ptrs(self.w),
-                                 ptrs([d for d, _ in dws]), ptrs([d for d, _ in dbs]), ctypes.c_longlong(M), grid, seed)
+                                 column_ptrs(dws[0], dw_offsets), column_ptrs(dbs[0], db_offsets),
+                                 ctypes.c_longlong(M), grid, seed)
         assert rc == 0, "deadlock"
-        for t, full in [(dx, dxfull)] + dws + dbs:
-            assert t is None or guards_intact(full, t.numel())
-        db = [None if d is None else d[:, :l.out_features].sum(0) for (d, _), l in zip(dbs, spec.layers)]
-        return dx, [d.sum(0) for d, _ in dws], db
+        for t, full in [(dx, dxfull), dws, dbs]:
+            assert guards_intact(full, t.numel())
+        dw = [dws[0][:, o:o + l.out_features * l.in_features].sum(0).view(l.out_features, l.in_features)
+              for o, l in zip(dw_offsets, spec.layers)]
+        return dx, dw, self.bias_sums(dbs[0], db_offsets)
 
 
 @pytest.fixture(scope="module")
