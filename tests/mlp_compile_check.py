@@ -86,10 +86,13 @@ def main() -> int:
     for name, model in specs(args.quick):
         spec = trace_mlp(model, None)
         for dtype in dtypes:
-            for arch in archs:
-                # inplace: the kernel shape forwards without grad use (relu_128x6 on sm90; mlp._inplace_allowed)
-                src, cfg = emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")], inplace=True)
-                base = os.path.join(work, f"{name}_{dtype}_sm{arch}")
+            for arch, inplace in [(a, ip) for a in archs for ip in (True, False)]:
+                # both shapes FusedMLP builds (mlp._inplace_allowed): the forwards' (in place where
+                # it applies, relu_128x6 on sm90) and the backward's (never in place), where they differ
+                src, cfg = emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")], inplace=inplace)
+                if not inplace and not emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")], inplace=True)[1].inplace:
+                    continue  # the same kernel as the row before
+                base = os.path.join(work, f"{name}_{dtype}_sm{arch}{'_inplace' if cfg.inplace else ''}")
                 with open(base + ".cu", "w") as f:
                     f.write(src)
                 t0 = time.time()
@@ -108,7 +111,7 @@ def main() -> int:
                 ok = r.returncode == 0 and not spills and len(kernels) == 3 + (cfg.dw_warps > 0)
                 failed += not ok
                 desc = ", ".join(f"{k}: {reg} regs, {s}/{l} B spill st/ld" for k, reg, s, l in kernels)
-                print(f"{'ok  ' if ok else 'FAIL'} {name:18s} {dtype:8s} sm_{arch:3s} BM={cfg.bm:3d} "
+                print(f"{'ok  ' if ok else 'FAIL'} {name:18s} {dtype:8s} sm_{arch:3s} {'in place' if cfg.inplace else '        '} BM={cfg.bm:3d} "
                       f"smem fwd/bwd/bwd_dw {cfg.smem_fwd // 1024}/{cfg.smem_bwd // 1024}/{cfg.smem_dw // 1024} KiB  "
                       f"{dt:5.1f} s  {desc}",
                       flush=True)

@@ -467,35 +467,51 @@ __device__ __forceinline__ void fwd_layer_resident(const T* in, T* out, const T*
 // a shared tile); DZ_OUT: also write dz to global (dzr: the warp's first row, stride pad8(N)).
 template <class T, class Act, int N, int MT, int SG, bool FROM_OUT, int ZS, bool DZ_OUT>
 __device__ __forceinline__ void bwd_act_rows(T* g, const T* zr, T* __restrict__ dzr, int64_t wrow0, int64_t M) {
-  constexpr int NP = pad8(N), V = NP / 8;
+  constexpr int NP = pad8(N), V = NP / 8, ITEMS = 16 * MT * V, PER_LANE = (ITEMS + 31) / 32;
+  // z's 16-byte vectors are loaded in batches of B before any is used: one round trip to global
+  // memory per batch rather than per vector (the stores below keep the compiler from hoisting
+  // later loads above them: a 32-128x6-16 backward's kernel spent most of its time waiting).
+  constexpr int B = PER_LANE < 4 ? PER_LANE : 4;
   const int lane = threadIdx.x & 31;
-  for (int i = lane; i < 16 * MT * V; i += 32) {
-    const int r = i / V, c = (i % V) * 8;
-    uint4* gp = reinterpret_cast<uint4*>(g + r * SG + c);
-    uint4 out = make_uint4(0, 0, 0, 0);
-    if (wrow0 + r < M) {
-      const uint4 gv = *gp;
-      const uint4 zv = *reinterpret_cast<const uint4*>(zr + (int64_t)r * ZS + c);
-      const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
-      const uint32_t* zw = reinterpret_cast<const uint32_t*>(&zv);
-      uint32_t* ow = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll 1
+  for (int i0 = 0; i0 < PER_LANE; i0 += B) {
+    uint4 zb[B];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 gf = Traits<T>::unpack(gw[e]), zf = Traits<T>::unpack(zw[e]);
-        const int col = c + 2 * e;
-        float d0 = 0.0f, d1 = 0.0f;
-        if constexpr (FROM_OUT) {
-          if (col < N) d0 = gf.x * Act::dfy(zf.x);
-          if (col + 1 < N) d1 = gf.y * Act::dfy(zf.y);
-        } else {
-          if (col < N) d0 = gf.x * Act::df(zf.x);
-          if (col + 1 < N) d1 = gf.y * Act::df(zf.y);
-        }
-        ow[e] = Traits<T>::pack(d0, d1);
-      }
-      if constexpr (DZ_OUT) *reinterpret_cast<uint4*>(dzr + (int64_t)r * NP + c) = out;
+    for (int b = 0; b < B; ++b) {
+      const int i = lane + (i0 + b) * 32, r = i / V, c = (i % V) * 8;
+      zb[b] = make_uint4(0, 0, 0, 0);
+      if (i0 + b < PER_LANE && i < ITEMS && wrow0 + r < M)
+        zb[b] = *reinterpret_cast<const uint4*>(zr + (int64_t)r * ZS + c);
     }
-    *gp = out;
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int i = lane + (i0 + b) * 32, r = i / V, c = (i % V) * 8;
+      if (i0 + b >= PER_LANE || i >= ITEMS) continue;
+      uint4* gp = reinterpret_cast<uint4*>(g + r * SG + c);
+      uint4 out = make_uint4(0, 0, 0, 0);
+      if (wrow0 + r < M) {
+        const uint4 gv = *gp;
+        const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
+        const uint32_t* zw = reinterpret_cast<const uint32_t*>(&zb[b]);
+        uint32_t* ow = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 gf = Traits<T>::unpack(gw[e]), zf = Traits<T>::unpack(zw[e]);
+          const int col = c + 2 * e;
+          float d0 = 0.0f, d1 = 0.0f;
+          if constexpr (FROM_OUT) {
+            if (col < N) d0 = gf.x * Act::dfy(zf.x);
+            if (col + 1 < N) d1 = gf.y * Act::dfy(zf.y);
+          } else {
+            if (col < N) d0 = gf.x * Act::df(zf.x);
+            if (col + 1 < N) d1 = gf.y * Act::df(zf.y);
+          }
+          ow[e] = Traits<T>::pack(d0, d1);
+        }
+        if constexpr (DZ_OUT) *reinterpret_cast<uint4*>(dzr + (int64_t)r * NP + c) = out;
+      }
+      *gp = out;
+    }
   }
   zero_cols<T, MT, NP, pad16(NP), SG>(g);
   __syncwarp();
