@@ -34,6 +34,10 @@ Ops (``torch.ops.cutlass_ops``), registered here with ``torch.library.Library`` 
 - Autograd (``register_autograd``), fake impls for torch.compile, CPU impls (the same math and
   rounding points in float32, or float64 for float64 inputs).
 
+``FusedMLP.forward`` in eager mode on CUDA calls the same kernels without the ops
+(``_FusedMLPFunction``; host time: see its docstring); under torch.compile, for tensor subclasses
+and with ``CUTLASS_OPS_MLP_EAGER_OPS=1`` it calls the ops.
+
 The kernel (``cutlass_ops_gen/mlp_kernel.cuh``): per layer a warp-level tensor-core GEMM
 (``mma.sync.m16n8k16``, fp32 accumulation) from shared memory, bias and activation in the
 epilogue, the result back into shared memory as the next layer's input in x's dtype; only y
