@@ -106,8 +106,10 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             module = ref
                         else:
                             torch._dynamo.reset()
-                            mode = "max-autotune-no-cudagraphs" if system == HAND_GRAPHED_COMPILE else "max-autotune"
-                            module = torch.compile(ref, mode=mode)
+                            # (not `mode`: the loop's pass name, which the next rows' label reads)
+                            compile_mode = ("max-autotune-no-cudagraphs" if system == HAND_GRAPHED_COMPILE
+                                            else "max-autotune")
+                            module = torch.compile(ref, mode=compile_mode)
                         if backward:
                             xg = x.clone().requires_grad_(True)
                             params = list(module.parameters())
