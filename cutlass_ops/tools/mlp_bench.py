@@ -51,8 +51,8 @@ SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
 # FusedMLP variants, for comparison, by the switch each runs under (read per call, forward and
 # backward): streamed weights where the default keeps them resident in shared memory (mlp_emit),
 # the weight gradients as GEMMs over saved dz where the default computes them in the backward
-# kernel, and the in-place resident layers for every call or for none where the default uses
-# them for forwards without grad only (mlp._inplace_allowed: what the H200 run measured), and
+# kernel, and the in-place resident layers for every kernel or for none where the default uses
+# them for the forwards only (mlp._inplace_allowed: what the H100 run measured), and
 # the kernel for models wider than 128, which FusedMLP runs as PyTorch ops by default
 # (mlp.runs_torch_ops).
 VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
