@@ -683,6 +683,7 @@ class _FusedMLPFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # as the op's: no double backward
     def backward(ctx, grad_y):
         key = ctx.key
         spec = _spec(key)
