@@ -145,8 +145,9 @@ def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True, inplace
     """Resident weights with the most warps that fit ``smem_limit`` bytes (a GPU's opt-in
     per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89), at least 4; with
     ``inplace``, where two tiles per warp do not fit, resident with one tile per warp computed in
-    place (FusedMLP's forwards use it, its backward not: cutlass_ops.mlp._inplace_allowed); else (or with ``resident=False``)
-    streamed weights with the largest row tile and weight chunk that fit.  Resident models whose
+    place (FusedMLP's forwards ask for it, its backward not: cutlass_ops.mlp._inplace_allowed);
+    else (or with ``resident=False``) streamed weights with the largest row tile and weight
+    chunk that fit.  Resident models whose
     weight gradients fit in registers also get the fused-dW backward."""
     widths = [spec.in_features] + [l.out_features for l in spec.layers]
     sa = pad16(max(padded(w) for w in widths)) + 8
