@@ -6,7 +6,9 @@ median of `reps`, per call; **latency**, one synchronized call between two event
 Each system is set up (for FusedMLP: kernel compile or cache load, reported as compile_s /
 load_s; for torch.compile: compile + autotune) and timed, then released before the next.
 **Device time**: the profiler's kernel sum of one call (bench.device_time). Timing helpers
-are bench.py's.
+are bench.py's.  Each system's rate in throughput is also given against the GPU's datasheet
+peaks (issue 19 asks for the fraction of tensor and memory peak): TFLOP/s of the Linear layers'
+work and TB/s of the least memory traffic (x and y; a training step also dy and dx).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import time
 import torch
 import torch.nn as nn
 
-from .bench import device_time, env_var, graphed, time_cuda, time_throughput
+from .bench import device_time, env_var, graphed, gpu_peaks, time_cuda, time_throughput
 from ..mlp import FusedMLP
 
 
@@ -75,11 +77,29 @@ def _flops(model, rows, backward):
     return 3 * f if backward else f
 
 
+def _io_bytes(in_features, out_features, rows, elem_bytes, backward):
+    """The least global memory any implementation moves: x read and y written (a training step:
+    also dy read and dx written); what is saved between the passes comes on top."""
+    return (2 if backward else 1) * rows * (in_features + out_features) * elem_bytes
+
+
+def peak_fractions(r: dict, gflop: float, io_gb: float, peaks: dict) -> dict:
+    """A timed system's rate against the GPU's datasheet peaks (bench.gpu_peaks), in throughput:
+    the tensor work's TFLOP/s and the least memory traffic's TB/s (_io_bytes), each with its
+    fraction of the dense fp16 peak and of HBM bandwidth.  GFLOP and GB per ms are TFLOP/s and
+    TB/s."""
+    tp = r["throughput_ms"]
+    tflops, tb_s = gflop / tp, io_gb / tp
+    return {"tflops": tflops, "tensor_peak_fraction": tflops / peaks["tflops_dense_fp16_datasheet"],
+            "io_tb_s": tb_s, "hbm_fraction": tb_s / peaks["hbm_tb_s_datasheet"]}
+
+
 def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference", "train"), systems=None,
               calls=20, reps=5, latency_iters=20, progress=print) -> dict:
     models = models or list(MODELS)
     batches = batches or BATCHES
     systems = systems or SYSTEMS
+    peaks = gpu_peaks()
     out = []
     for name in models:
         torch.manual_seed(0)
@@ -90,7 +110,9 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
             for rows in batches:
                 x = torch.randn(rows, in_f, device="cuda", dtype=dtype)
                 row = {"model": name, "mode": mode, "rows": rows, "dtype": str(dtype).split(".")[-1],
-                       "gflop": _flops(ref, rows, backward) / 1e9, "systems": {}}
+                       "gflop": _flops(ref, rows, backward) / 1e9,
+                       "io_gb": _io_bytes(in_f, ref[-1].out_features, rows, x.element_size(), backward) / 1e9,
+                       "systems": {}}
                 for system in systems:
                     progress(f"{name} {mode} rows={rows}: {system} ...")
                     t0 = time.perf_counter()
@@ -130,8 +152,9 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                         setup = time.perf_counter() - t0
                         tp = statistics.median(time_throughput(fn, calls, reps))
                         lat = time_cuda(fn, warmup=1, iters=latency_iters)["median_ms"]
-                        r = {"setup_s": setup, "throughput_ms": tp, "latency_ms": lat,
-                             "tflops": row["gflop"] / tp if tp > 0 else math.nan}  # GFLOP per ms
+                        r = {"setup_s": setup, "throughput_ms": tp, "latency_ms": lat}
+                        r.update(peak_fractions(r, row["gflop"], row["io_gb"], peaks) if tp > 0 else
+                                 {"tflops": math.nan})
                         r.update(device_time(fn))
                         if system.startswith("FusedMLP"):
                             r.update(path=extra["path"], compile_s=extra.get("compile_seconds"), load_s=extra.get("load_seconds"),
@@ -146,18 +169,21 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                     torch.cuda.empty_cache()
                 out.append(row)
                 progress(format_row(row))
-    return {"rows": out, "calls": calls, "reps": reps, "latency_iters": latency_iters}
+    return {"rows": out, "calls": calls, "reps": reps, "latency_iters": latency_iters, "peaks": peaks}
 
 
 def format_row(row: dict) -> str:
-    """One line per row: each system's throughput / latency / device ms."""
+    """One line per row: each system's throughput / latency / device ms, its TFLOP/s and in/out
+    TB/s in throughput with their fractions of the GPU's peaks (peak_fractions)."""
     parts = [f"{row['model']:18s} {row['mode']:9s} {row['rows']:8d}"]
     for name, r in row["systems"].items():
         if "error" in r:
             parts.append(f"{name}: {r['error'][:60]}")
         else:
+            peak = (f", {100 * r['tensor_peak_fraction']:.0f}% of fp16 peak; in/out {r['io_tb_s']:.2f} TB/s, "
+                    f"{100 * r['hbm_fraction']:.0f}% of HBM" if "tensor_peak_fraction" in r else "")
             parts.append(f"{name}: {r['throughput_ms']:.4f} / {r['latency_ms']:.4f} / {r['device_ms']:.4f} ms "
-                         f"({r['tflops']:.1f} TFLOP/s)")
+                         f"({r['tflops']:.1f} TFLOP/s{peak})")
     return "  ".join(parts)
 
 
