@@ -394,6 +394,24 @@ def _saved_buffers(x, spec: MlpSpec):
     return zs, acts
 
 
+def _layer_inputs(x, saved, spec: MlpSpec) -> list:
+    """Each layer's input, what its weight gradient multiplies: x, then the saved hidden
+    activations (a forward with save=True) less their padding columns."""
+    L = len(spec.layers)
+    return [x] + [saved[L + i][:, :l.out_features] for i, l in enumerate(spec.layers[:-1])]
+
+
+def _layer_views(key: str, db, dw) -> tuple[list, list]:
+    """The flat sums of _backward_kernels as per-layer views: the bias gradients (None for a
+    layer without bias) and, where dw is given, the (out, in) weight gradients."""
+    spec = _spec(key)
+    db_offsets, _, dw_offsets, _ = _partial_layout(key)
+    gb = [None if o is None else db[o:o + l.out_features] for o, l in zip(db_offsets, spec.layers)]
+    gw = None if dw is None else [dw[o:o + l.out_features * l.in_features].view(l.out_features, l.in_features)
+                                  for o, l in zip(dw_offsets, spec.layers)]
+    return gb, gw
+
+
 def _warn_torch_path(dtype) -> None:
     if dtype not in _WARNED:
         _WARNED.add(dtype)
@@ -470,6 +488,7 @@ def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool, fuse
     ct = _compute_dtype(x.dtype)
     g = grad_y.to(ct)
     dzs, dbs, dws = [None] * L, [None] * L, [None] * L
+    inputs = _layer_inputs(x, saved, spec) if fused_dw else None
     for i in reversed(range(L)):
         layer = spec.layers[i]
         if spec.saves_pre_activation(i):
@@ -482,8 +501,7 @@ def _backward_math(grad_y, x, weights, saved, spec: MlpSpec, need_dx: bool, fuse
         # the bias gradient in the compute dtype (float32, float64 for float64)
         dbs[i] = dz.to(ct).sum(0) if layer.bias else x.new_empty((0,), dtype=ct)
         if fused_dw:
-            a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
-            dws[i] = dz.to(ct).t() @ a_prev.to(ct)
+            dws[i] = dz.to(ct).t() @ inputs[i].to(ct)
             dzs[i] = x.new_empty((0,))
         else:
             dws[i] = x.new_empty((0,), dtype=ct)
@@ -573,24 +591,19 @@ def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx, fused_dw):
     _check_saved(grad_y, x, saved, spec)
     if x.dtype not in _CUDA_DTYPES:
         return _backward_math(grad_y, x, weights, saved, spec, need_dx, fused_dw)
-    L = len(spec.layers)
-    kern_dw = fused_dw and _kernel(key, x.dtype, x.device).config.dw_warps
     dx, dzs, db, dw = _backward_kernels(grad_y, x, weights, saved, key, need_dx, fused_dw)
-    db_offsets, _, dw_offsets, _ = _partial_layout(key)
     # the op's outputs per layer, each its own tensor (the eager path, _FusedMLPFunction, keeps
-    # the flat sums instead)
-    dbs = [x.new_empty((0,), dtype=torch.float32) if o is None else db[o:o + l.out_features].clone()
-           for o, l in zip(db_offsets, spec.layers)]
-    if kern_dw:
-        dws = [dw[o:o + l.out_features * l.in_features].view(l.out_features, l.in_features).clone()
-               for o, l in zip(dw_offsets, spec.layers)]
+    # views of the flat sums instead)
+    gb, gw = _layer_views(key, db, dw)
+    dbs = [x.new_empty((0,), dtype=torch.float32) if b is None else b.clone() for b in gb]
+    if gw is not None:  # the kernel computed them
+        dws = [w.clone() for w in gw]
         dzs = [x.new_empty((0,)) for _ in spec.layers]
     else:
         dws = [x.new_empty((0,), dtype=torch.float32) for _ in spec.layers]
         if fused_dw:  # asked for, but this model's kernel has none: the GEMMs here, same contract
-            acts = [x] + [saved[L + i][:, :l.out_features] for i, l in enumerate(spec.layers[:-1])]
             dws = [_weight_grad(dz[:, :l.out_features], a, round_to_dtype=False)
-                   for dz, a, l in zip(dzs, acts, spec.layers)]
+                   for dz, a, l in zip(dzs, _layer_inputs(x, saved, spec), spec.layers)]
             dzs = [x.new_empty((0,)) for _ in spec.layers]
     return dx, dzs, dbs, dws
 
@@ -651,13 +664,12 @@ def _backward(ctx, grad_y, grad_saved):
     dx, dzs, dbs, dws = torch.ops.cutlass_ops.fused_mlp_backward(grad_y.contiguous(), x, list(weights), list(saved),
                                                                  ctx.key, need_dx, fused_dw)
     gw, gb = [], []
+    inputs = None if fused_dw else _layer_inputs(x, saved, spec)
     for i, layer in enumerate(spec.layers):
         if fused_dw:
             gw.append(dws[i].to(x.dtype))
         else:
-            dz = dzs[i][:, :layer.out_features]
-            a_prev = x if i == 0 else saved[L + i - 1][:, :layer.in_features]
-            gw.append(_weight_grad(dz, a_prev))
+            gw.append(_weight_grad(dzs[i][:, :layer.out_features], inputs[i]))
         gb.append(dbs[i].to(x.dtype) if ctx.has_bias[i] else None)
     # a list of Nones is one pytree leaf to autograd's input spec: its gradient is one None
     return (dx if need_dx else None), gw, (gb if any(ctx.has_bias) else None), None, None
@@ -692,16 +704,11 @@ class _FusedMLPFunction(torch.autograd.Function):
         need_dx = ctx.needs_input_grad[0]
         fused_dw = _fused_weight_grads(key, x)
         dx, dzs, db, dw = _backward_kernels(grad_y.contiguous(), x, weights, saved, key, need_dx, fused_dw)
-        db_offsets, _, dw_offsets, _ = _partial_layout(key)
-        db = None if db is None else db.to(x.dtype)
-        if dw is not None:
-            dw = dw.to(x.dtype)
-            gw = [dw[o:o + l.out_features * l.in_features].view(l.out_features, l.in_features)
-                  for o, l in zip(dw_offsets, spec.layers)]
-        else:
-            acts = [x] + [saved[L + i][:, :l.out_features] for i, l in enumerate(spec.layers[:-1])]
-            gw = [_weight_grad(dz[:, :l.out_features], a) for dz, a, l in zip(dzs, acts, spec.layers)]
-        gb = [None if o is None else db[o:o + l.out_features] for o, l in zip(db_offsets, spec.layers)]
+        # one cast each for every layer's bias and (fused) weight gradients, then views
+        gb, gw = _layer_views(key, None if db is None else db.to(x.dtype), None if dw is None else dw.to(x.dtype))
+        if gw is None:
+            gw = [_weight_grad(dz[:, :l.out_features], a)
+                  for dz, a, l in zip(dzs, _layer_inputs(x, saved, spec), spec.layers)]
         return (dx if need_dx else None), None, *gw, *gb
 
 
