@@ -4,6 +4,11 @@
 # cutlass_ops/mlp_aot/<key>/fused_mlp.so, where cutlass_ops.mlp looks before compiling.
 set(CUTLASS_OPS_MLP_MODELS "$ENV{CUTLASS_OPS_MLP_MODELS}" CACHE FILEPATH
     "JSON manifest of FusedMLP models to build ahead of time (see cutlass_ops_gen/mlp_aot.py)")
+# The environment variable, when set, wins over the cached value: a rebuild in the same build
+# folder with another manifest must not build the first one's kernels again.
+if(DEFINED ENV{CUTLASS_OPS_MLP_MODELS})
+  set_property(CACHE CUTLASS_OPS_MLP_MODELS PROPERTY VALUE "$ENV{CUTLASS_OPS_MLP_MODELS}")
+endif()
 set(CUTLASS_OPS_MLP_AOT_COUNT 0)
 if(CUTLASS_OPS_MLP_MODELS)
   get_filename_component(_mlp_manifest "${CUTLASS_OPS_MLP_MODELS}" ABSOLUTE BASE_DIR "${CMAKE_SOURCE_DIR}")

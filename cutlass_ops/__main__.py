@@ -97,6 +97,13 @@ def cmd_bench(args) -> int:
         print_b2b_table(result)
         write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/b2b.json"), result)
         return 0
+    if args.what == "se-excite":
+        from .tools.se_excite_bench import bench_se_excite
+        result = bench_se_excite(args.batch if args.batch != RESNET_BATCHES else [128, 2048],
+                                 _dtype(args.dtype or "fp16"), **_timing_args(args, 200))
+        result["environment"] = environment()
+        write_json(Path(args.out if args.out != "bench_results/conv.json" else "bench_results/se_excite.json"), result)
+        return 0
     if args.what == "giou":
         from .tools.giou_bench import bench_giou, print_giou_table
         result = bench_giou(dtype=_dtype(args.dtype or "fp32"))
@@ -285,7 +292,7 @@ def main(argv=None) -> int:
     sub.add_parser("demo", help="fused conv vs PyTorch on one ResNet layer").set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="benchmarks against PyTorch in the same process (CUDA events, "
                                      "medians); writes JSON")
-    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt", "cvt-ops", "b2b"],
+    b.add_argument("what", choices=["conv", "resnet", "giou", "train", "mlp", "cvt", "cvt-ops", "b2b", "se-excite"],
                    help="conv: one fused conv layer; resnet: FusedResNet inference, train: a FusedResNet "
                         "training step (fwd+bwd), each vs eager (+ CUDA graph) and torch.compile "
                         "max-autotune (NCHW, channels_last, and no-cudagraphs captured by hand), in "
@@ -298,7 +305,9 @@ def main(argv=None) -> int:
                         "step vs the same peers as resnet/train (JSON + PNGs); cvt-ops: CvT-13's parts (embedding, norm, "
                         "projection, attention, MLP) one at a time at each stage's shapes, FusedCvT's path vs the "
                         "reference's, forward and forward+backward (--n, --size; JSON); b2b: conv2d_b2b (3x3 C->K then "
-                        "1x1 K->K1, --n --c --k --k1 --hw) vs the two convs in eager, cuDNN and torch.compile")
+                        "1x1 K->K1, --n --c --k --k1 --hw) vs the two convs in eager, cuDNN and torch.compile; se-excite: "
+                        "FusedResNet's four SE gates with the excite MLP as se_gate's loop vs as a B2B GEMM "
+                        "(FusedMLP) between se_squeeze and se_gate_apply (--batch, default 128 2048; JSON)")
     b.add_argument("--models", nargs="+", default=None, help="mlp: subset of the models (default all: cutlass_ops/tools/mlp_bench.py MODELS)")
     b.add_argument("--modes", nargs="+", default=["inference", "train"], choices=["inference", "train"],
                    help="mlp: inference and/or train (fwd+bwd)")

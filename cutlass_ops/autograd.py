@@ -283,6 +283,56 @@ def _se_backward(ctx, grad_out, grad_pooled):
 torch.library.register_autograd("cutlass_ops::se_gate", _se_backward, setup_context=_se_setup)
 
 
+# ---- se_squeeze and se_gate_apply: se_gate split around a caller's excite MLP; their
+#      backward is ATen's composite (they serve the B2B-excite measurement) ------------------
+
+def _squeeze_setup(ctx, inputs, output):
+    h, h_bias = (list(inputs) + [None])[:2]
+    ctx.metas = [_meta(h), _meta(h_bias)]
+    ctx.needs = list(ctx.needs_input_grad) + [False]
+
+
+def _squeeze_backward(ctx, grad):
+    (shape, dtype), bias_meta = ctx.metas
+    g = grad.float() if grad.dtype in (torch.float16, torch.bfloat16) else grad
+    grad_h = (g / (shape[2] * shape[3]))[:, :, None, None].expand(shape).to(dtype)
+    return (grad_h if ctx.needs[0] else None, _grad_as(g.sum(), bias_meta) if ctx.needs[1] else None)
+
+
+torch.library.register_autograd("cutlass_ops::se_squeeze", _squeeze_backward, setup_context=_squeeze_setup)
+
+
+def _apply_setup(ctx, inputs, output):
+    h, identity, gate, identity_bias, post_bias, avgpool, h_bias = (list(inputs) + [None] * 4)[:7]
+    ctx.save_for_backward(h, gate, post_bias, h_bias, output[0])
+    ctx.avgpool = bool(avgpool)
+    ctx.metas = [_meta(t) for t in (h, identity, gate, identity_bias, post_bias, h_bias)]
+    ctx.needs = list(ctx.needs_input_grad) + [False] * 7
+
+
+def _apply_backward(ctx, grad_out, grad_pooled):
+    h, gate, post_bias, h_bias, out = ctx.saved_tensors
+    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+    g = grad_out.to(acc) if grad_out is not None else torch.zeros(out.shape, dtype=acc, device=out.device)
+    if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
+        # NCHW-contiguous: CUDA's channels_last avg_pool2d backward with padding is wrong
+        # (pytorch/pytorch#188344).
+        g = g + torch.ops.aten.avg_pool2d_backward(grad_pooled.to(acc).contiguous(), g.contiguous(), [3, 3],
+                                                   [2, 2], [1, 1], False, True, None)
+    # The ReLU mask from the saved output, as relu_backward reads it.
+    active = out != post_bias.to(out.dtype) if post_bias is not None else out > 0
+    dy = torch.where(active, g, 0)
+    hf = h.to(acc) + (h_bias.to(acc) if h_bias is not None else 0)
+    gate_rounded = gate.to(h.dtype).to(acc)
+    grad_h = dy * gate_rounded[:, :, None, None]
+    grads = (grad_h, dy, (dy * hf).sum((2, 3)), dy.sum(), g.sum(), None, grad_h.sum())
+    metas = ctx.metas[:5] + [None, ctx.metas[5]]
+    return tuple(_grad_as(x, m) if need else None for x, m, need in zip(grads, metas, ctx.needs[:7]))
+
+
+torch.library.register_autograd("cutlass_ops::se_gate_apply", _apply_backward, setup_context=_apply_setup)
+
+
 # ---- space_to_depth_conv: y = act(conv1x1(s2d(x), w)) + post_bias -------------------------------
 
 def _s2d_setup(ctx, inputs, output):

@@ -20,7 +20,8 @@ Small-M convs (late blocks, small batches) split K serially across threadblocks.
 every kernel launches as a programmatic dependent of the one before (its launch overlaps
 that one's tail; kernels/common/programmatic_launch.cuh).
 Not fused yet (see README): the squeeze re-reads conv2's output instead of being summed in
-its epilogue, and the excite MLP is a plain loop in se_gate (not a CUTLASS B2B GEMM).
+its epilogue.  The excite MLP is a plain loop in se_gate: as a B2B GEMM (FusedMLP) between
+se_squeeze and se_gate_apply it measured 1.2-2.9x slower on an H100 (bench se-excite).
 """
 from __future__ import annotations
 

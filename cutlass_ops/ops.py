@@ -197,12 +197,59 @@ def _se_gate_fake(h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, ident
                    ("post_bias", post_bias), ("h_bias", h_bias))
     torch._check(h.dim() == 4, lambda: "se_gate: h must be 4-D")
     torch._check(identity.shape == h.shape, lambda: "se_gate: identity shape differs from h")
+    return _se_gate_fake_outputs(h, avgpool)
+
+
+def _se_gate_fake_outputs(h, avgpool):
     out = torch.empty_like(h, memory_format=torch.channels_last)
     if not avgpool:
         return out, h.new_empty((0,))
     n, c, hh, ww = h.shape
     pooled = h.new_empty((n, c, (hh + 1) // 2, (ww + 1) // 2)).contiguous(memory_format=torch.channels_last)
     return out, pooled
+
+
+def se_squeeze(h: torch.Tensor, h_bias: Scalar = None) -> torch.Tensor:
+    """The squeeze of ``se_gate`` alone: ``mean_hw(h + h_bias)``, (N, C) in h's dtype.
+
+    With ``se_gate_apply`` it splits the gate around an excite MLP of the caller's (a B2B
+    GEMM, say: ``python -m cutlass_ops bench se-excite``).  CUDA: se_gate's kernel stopped
+    after its squeeze; other shapes and CPU: ATen.  Its backward is ATen's composite."""
+    return torch.ops.cutlass_ops.se_squeeze(h, _as_tensor(h_bias, h))
+
+
+@torch.library.register_fake("cutlass_ops::se_squeeze")
+def _se_squeeze_fake(h, h_bias=None):
+    _check_devices("se_squeeze", ("h", h), ("h_bias", h_bias))
+    torch._check(h.dim() == 4, lambda: "se_squeeze: h must be 4-D")
+    return h.new_empty((h.shape[0], h.shape[1]))
+
+
+def se_gate_apply(h: torch.Tensor, identity: torch.Tensor, gate: torch.Tensor,
+                  identity_bias: Scalar = None, post_bias: Scalar = None, avgpool: bool = False,
+                  h_bias: Scalar = None):
+    """The rest of ``se_gate`` with the gate given (N, C), rounded to h's dtype:
+
+        out    = relu((h + h_bias) * gate[:, :, None, None] + identity + identity_bias) + post_bias
+        pooled = avg_pool2d(out, 3, 2, 1, count_include_pad=True)   # if avgpool
+
+    Returns ``out`` (channels_last), or ``(out, pooled)`` when ``avgpool``.  CUDA: se_gate's
+    kernel with its squeeze and excite skipped; other shapes and CPU: ATen.  Its backward is
+    ATen's composite."""
+    out, pooled = torch.ops.cutlass_ops.se_gate_apply(
+        h, identity, gate, _as_tensor(identity_bias, h), _as_tensor(post_bias, h), bool(avgpool),
+        _as_tensor(h_bias, h))
+    return (out, pooled) if avgpool else out
+
+
+@torch.library.register_fake("cutlass_ops::se_gate_apply")
+def _se_gate_apply_fake(h, identity, gate, identity_bias=None, post_bias=None, avgpool=False, h_bias=None):
+    _check_devices("se_gate_apply", ("h", h), ("identity", identity), ("gate", gate),
+                   ("identity_bias", identity_bias), ("post_bias", post_bias), ("h_bias", h_bias))
+    torch._check(h.dim() == 4, lambda: "se_gate_apply: h must be 4-D")
+    torch._check(identity.shape == h.shape, lambda: "se_gate_apply: identity shape differs from h")
+    torch._check(gate.shape == h.shape[:2], lambda: "se_gate_apply: gate must be (N, C)")
+    return _se_gate_fake_outputs(h, avgpool)
 
 
 def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor], h: torch.Tensor,

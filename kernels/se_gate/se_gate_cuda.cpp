@@ -1,7 +1,8 @@
-// CUDA implementations of cutlass_ops::se_gate (kernel in se_gate_kernel.cu) and
-// se_gate_backward (se_gate_backward_kernel.cu).
+// CUDA implementations of cutlass_ops::se_gate, se_squeeze and se_gate_apply (one kernel,
+// se_gate_kernel.cu) and se_gate_backward (se_gate_backward_kernel.cu).
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "common/cuda_device.h"
@@ -44,19 +45,67 @@ cudaStream_t side_stream(int dev) {
 }
 }  // namespace
 
+namespace {
+// The maps one se_gate kernel launch reads and writes (undefined where unused).
+struct GateMaps {
+  Tensor h, identity, out, pooled;  // NHWC, h's dtype
+  Tensor means, gate_in;            // (N, C), h's dtype: se_squeeze's result, se_gate_apply's input
+};
+
+// Launches the kernel over the N images of m.h, with `a` holding all but N and the maps'
+// pointers.  The kernel indexes in 32 bits, and the op is per image: over 2^31 elements it
+// runs on chunks of whole images, each under 2^31 (one launch in the usual case).
+void launch_in_chunks(SeGateArgs a, GateMaps const& m, char const* op) {
+  int const dev = m.h.get_device_index();
+  int64_t const N = m.h.size(0), C = m.h.size(1), image = C * m.h.size(2) * m.h.size(3);
+  int64_t const chunk = (int64_t(INT32_MAX) - 1) / image;
+  int64_t const pooled_image = m.pooled.defined() ? m.pooled.numel() / N : 0;
+  int64_t const bytes = m.h.element_size();
+  // Byte address of image n0 of map t (null for an unused map).
+  auto at = [&](Tensor const& t, int64_t n0, int64_t per_image) -> char* {
+    return t.defined() ? static_cast<char*>(t.data_ptr()) + n0 * per_image * bytes : nullptr;
+  };
+  a.dtype = m.h.scalar_type() == kHalf ? DType::kF16 : DType::kBF16;
+  a.H = m.h.size(2); a.W = m.h.size(3); a.C = C;
+  a.programmatic_launch = programmatic_launch_allowed(dev);
+  bool const excite_here = !m.means.defined() && !m.gate_in.defined();
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    a.N = static_cast<int>(std::min(chunk, N - n0));
+    a.h = at(m.h, n0, image); a.identity = at(m.identity, n0, image); a.out = at(m.out, n0, image);
+    a.pooled = at(m.pooled, n0, pooled_image);
+    a.means_out = at(m.means, n0, C); a.gate_in = at(m.gate_in, n0, C);
+    SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
+                                      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    a.stage_w2 = excite_here && shape.stage_w2;  // W2 is only read by the excite
+    cudaError_t err = launch_se_gate(a, shape.images_per_cta, current_cuda_stream(dev));
+    CUTLASS_OPS_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  }
+}
+
+// Whether the kernel takes h (and the maps of its shape): fp16/bf16, C % 8 == 0 and within
+// the kernel's limit, 16-byte aligned, images under 2^31 elements.
+bool kernel_fits(Tensor const& hc, std::initializer_list<Tensor const*> others) {
+  auto const dtype = hc.scalar_type();
+  int64_t const C = hc.size(1), image = C * hc.size(2) * hc.size(3);
+  bool fits = (dtype == kHalf || dtype == kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
+              aligned16(hc) && image < INT32_MAX;
+  for (Tensor const* t : others) fits = fits && aligned16(*t);
+  return fits;
+}
+
+Tensor scalar_or_undefined(std::optional<Tensor> const& s) { return s ? as_float(*s) : Tensor(); }
+float const* ptr_or_null(Tensor& t) { return t.defined() ? t.mutable_data_ptr<float>() : nullptr; }
+}  // namespace
+
 std::tuple<Tensor, Tensor> se_gate_cuda(
     Tensor const& h, Tensor const& identity, Tensor const& w1, Tensor const& b1,
     Tensor const& w2, Tensor const& b2, std::optional<Tensor> const& identity_bias,
     std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias) {
   check_inputs(h, identity, w1, b1, w2, b2, identity_bias, post_bias, h_bias);
   auto dtype = h.scalar_type();
-  int64_t C = h.size(1), R = w1.size(0);
   Tensor hc = torch::stable::contiguous(h, kChannelsLast);
   Tensor ic = torch::stable::contiguous(identity, kChannelsLast);
-  int64_t const image = C * h.size(2) * h.size(3);  // elements per image
-  bool kernel_fits = (dtype == kHalf || dtype == kBFloat16) && C % 8 == 0 && C <= se_gate_max_channels() &&
-                     aligned16(hc) && aligned16(ic) && image < INT32_MAX;
-  if (!kernel_fits) {
+  if (!kernel_fits(hc, {&ic})) {
     return se_gate_aten(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool, h_bias);
   }
   DeviceGuard guard(h.get_device_index());
@@ -64,38 +113,47 @@ std::tuple<Tensor, Tensor> se_gate_cuda(
   auto pooled = avgpool ? empty(pooled_shape(h), dtype, h.device(), kChannelsLast) : empty({0}, dtype, h.device());
   if (out.numel() == 0) return {out, pooled};
   Tensor w1f = as_float(w1), b1f = as_float(b1), w2f = as_float(w2), b2f = as_float(b2);
-  Tensor idb = identity_bias ? as_float(*identity_bias) : Tensor();
-  Tensor pb = post_bias ? as_float(*post_bias) : Tensor();
-  Tensor hb = h_bias ? as_float(*h_bias) : Tensor();
-
+  Tensor idb = scalar_or_undefined(identity_bias), pb = scalar_or_undefined(post_bias), hb = scalar_or_undefined(h_bias);
   SeGateArgs a{};
-  a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
-  a.H = h.size(2); a.W = h.size(3); a.C = C; a.R = R;
+  a.R = w1.size(0);
   a.w1 = w1f.mutable_data_ptr<float>(); a.b1 = b1f.mutable_data_ptr<float>();
   a.w2 = w2f.mutable_data_ptr<float>(); a.b2 = b2f.mutable_data_ptr<float>();
-  a.identity_bias = idb.defined() ? idb.mutable_data_ptr<float>() : nullptr;
-  a.post_bias = pb.defined() ? pb.mutable_data_ptr<float>() : nullptr;
-  a.h_bias = hb.defined() ? hb.mutable_data_ptr<float>() : nullptr;
-  int dev = h.get_device_index();
-  a.programmatic_launch = programmatic_launch_allowed(dev);
-  // The kernel indexes in 32 bits, and the op is per image: over 2^31 elements it runs on
-  // chunks of whole images, each under 2^31 (one launch in the usual case).
-  int64_t const N = h.size(0), chunk = (int64_t(INT32_MAX) - 1) / image;
-  int64_t const pooled_image = avgpool ? pooled.numel() / N : 0;
-  auto* h0 = static_cast<char const*>(hc.data_ptr());
-  auto* i0 = static_cast<char const*>(ic.data_ptr());
-  auto* o0 = static_cast<char*>(out.data_ptr());
-  int64_t const bytes = h.element_size();
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    a.N = static_cast<int>(std::min(chunk, N - n0));
-    a.h = h0 + n0 * image * bytes; a.identity = i0 + n0 * image * bytes; a.out = o0 + n0 * image * bytes;
-    a.pooled = avgpool ? static_cast<char*>(pooled.data_ptr()) + n0 * pooled_image * bytes : nullptr;
-    SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
-                                      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    a.stage_w2 = shape.stage_w2;
-    cudaError_t err = launch_se_gate(a, shape.images_per_cta, current_cuda_stream(dev));
-    CUTLASS_OPS_CHECK(err == cudaSuccess, "se_gate: kernel launch failed: ", cudaGetErrorString(err));
-  }
+  a.identity_bias = ptr_or_null(idb); a.post_bias = ptr_or_null(pb); a.h_bias = ptr_or_null(hb);
+  launch_in_chunks(a, GateMaps{hc, ic, out, avgpool ? pooled : Tensor(), Tensor(), Tensor()}, "se_gate");
+  return {out, pooled};
+}
+
+Tensor se_squeeze_cuda(Tensor const& h, std::optional<Tensor> const& h_bias) {
+  check_squeeze_inputs(h, h_bias);
+  Tensor hc = torch::stable::contiguous(h, kChannelsLast);
+  if (!kernel_fits(hc, {})) return se_squeeze_aten(h, h_bias);
+  DeviceGuard guard(h.get_device_index());
+  auto means = empty({h.size(0), h.size(1)}, h.scalar_type(), h.device());
+  if (h.numel() == 0) return means;
+  Tensor hb = scalar_or_undefined(h_bias);
+  SeGateArgs a{};
+  a.h_bias = ptr_or_null(hb);
+  launch_in_chunks(a, GateMaps{hc, Tensor(), Tensor(), Tensor(), means, Tensor()}, "se_squeeze");
+  return means;
+}
+
+std::tuple<Tensor, Tensor> se_gate_apply_cuda(
+    Tensor const& h, Tensor const& identity, Tensor const& gate, std::optional<Tensor> const& identity_bias,
+    std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias) {
+  check_apply_inputs(h, identity, gate, identity_bias, post_bias, h_bias);
+  auto dtype = h.scalar_type();
+  Tensor hc = torch::stable::contiguous(h, kChannelsLast);
+  Tensor ic = torch::stable::contiguous(identity, kChannelsLast);
+  Tensor gc = torch::stable::contiguous(to_dtype(gate, dtype));
+  if (!kernel_fits(hc, {&ic})) return se_gate_apply_aten(h, identity, gate, identity_bias, post_bias, avgpool, h_bias);
+  DeviceGuard guard(h.get_device_index());
+  auto out = empty(h.sizes(), dtype, h.device(), kChannelsLast);
+  auto pooled = avgpool ? empty(pooled_shape(h), dtype, h.device(), kChannelsLast) : empty({0}, dtype, h.device());
+  if (out.numel() == 0) return {out, pooled};
+  Tensor idb = scalar_or_undefined(identity_bias), pb = scalar_or_undefined(post_bias), hb = scalar_or_undefined(h_bias);
+  SeGateArgs a{};
+  a.identity_bias = ptr_or_null(idb); a.post_bias = ptr_or_null(pb); a.h_bias = ptr_or_null(hb);
+  launch_in_chunks(a, GateMaps{hc, ic, out, avgpool ? pooled : Tensor(), Tensor(), gc}, "se_gate_apply");
   return {out, pooled};
 }
 
@@ -197,4 +255,6 @@ SeGateGrads se_gate_backward_cuda(Tensor const& grad_out, std::optional<Tensor> 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("se_gate", TORCH_BOX(&cutlass_ops::se_gate::se_gate_cuda));
   m.impl("se_gate_backward", TORCH_BOX(&cutlass_ops::se_gate::se_gate_backward_cuda));
+  m.impl("se_squeeze", TORCH_BOX(&cutlass_ops::se_gate::se_squeeze_cuda));
+  m.impl("se_gate_apply", TORCH_BOX(&cutlass_ops::se_gate::se_gate_apply_cuda));
 }

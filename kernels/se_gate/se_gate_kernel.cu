@@ -114,102 +114,115 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
 
   float const h_bias = a.h_bias ? *a.h_bias : 0.f;
 
-  // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
-  // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
-  // strides over an image's pixels; the per-thread partials are then summed in a fixed order.
-  int const G = a.C / kVec;
-  int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
-  for (int img = 0; img < images; ++img) {
-    int const g = tid % G, row0 = tid / G;
-    float acc[kVec] = {};
-    if (row0 < rows_per_pass) {
-      T const* hi = h + size_t(img) * HW * a.C;
-      for (int p = row0; p < HW; p += rows_per_pass) {
-        float v[kVec];
-        load8(hi + (size_t(p) * a.C + g * kVec), v);
+  int const G = a.C / kVec;  // 8-channel groups per pixel
+  if (a.gate_in != nullptr) {
+    // se_gate_apply: the gate comes from the caller's excite MLP.
+    T const* g_in = static_cast<T const*>(a.gate_in) + size_t(n0) * a.C;
+    for (int i = tid; i < images * a.C; i += kThreads) gate[i] = static_cast<float>(g_in[i]);
+    __syncthreads();
+  } else {
+    // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
+    // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
+    // strides over an image's pixels; the per-thread partials are then summed in a fixed order.
+    int const rows_per_pass = kThreads / G;  // >= 1: the op guarantees C <= 8 * kThreads
+    for (int img = 0; img < images; ++img) {
+      int const g = tid % G, row0 = tid / G;
+      float acc[kVec] = {};
+      if (row0 < rows_per_pass) {
+        T const* hi = h + size_t(img) * HW * a.C;
+        for (int p = row0; p < HW; p += rows_per_pass) {
+          float v[kVec];
+          load8(hi + (size_t(p) * a.C + g * kVec), v);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) acc[j] += v[j];
+          for (int j = 0; j < kVec; ++j) acc[j] += v[j];
+        }
       }
+      auto* mine = reinterpret_cast<float4*>(partial + tid * kVec);
+      mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      __syncthreads();
+      for (int c = tid; c < a.C; c += kThreads) {
+        float s = 0.f;
+        for (int r = 0; r < rows_per_pass; ++r) s += partial[(r * G + c / kVec) * kVec + c % kVec];
+        gate[img * a.C + c] = s + h_bias * HW;  // the sum of h + h_bias
+      }
+      __syncthreads();
     }
-    auto* mine = reinterpret_cast<float4*>(partial + tid * kVec);
-    mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    __syncthreads();
-    for (int c = tid; c < a.C; c += kThreads) {
-      float s = 0.f;
-      for (int r = 0; r < rows_per_pass; ++r) s += partial[(r * G + c / kVec) * kVec + c % kVec];
-      gate[img * a.C + c] = s + h_bias * HW;  // the sum of h + h_bias
-    }
-    __syncthreads();
-  }
 
-  // Excite, first Linear + ReLU.  A group of `lanes` threads per hidden unit (a power of
-  // two <= 32: as many as kThreads / R allows), each over every lanes-th float4 of the W1
-  // row: coalesced 16-byte loads, all in flight at once, then a shuffle reduction.  Each W1
-  // element is loaded once for all of the CTA's images.
-  float const inv_hw = 1.f / HW;
-  int lanes = 32;
-  while (lanes > 1 && lanes * a.R > kThreads) lanes /= 2;
-  int const sub = tid % lanes, unit = tid / lanes, units_per_pass = kThreads / lanes;
-  int const C4 = a.C / 4;
-  auto const* w1v = reinterpret_cast<float4 const*>(a.w1);  // 16-byte aligned (the op checks)
-  for (int base = 0; base < a.R; base += units_per_pass) {  // same trip count in every warp
-    int const r = base + unit;
-    float dot[kImages] = {};
-    if (r < a.R) {
+    if (a.means_out != nullptr) {  // se_squeeze: the means are the result
+      T* means = static_cast<T*>(a.means_out) + size_t(n0) * a.C;
+      for (int i = tid; i < images * a.C; i += kThreads) means[i] = static_cast<T>(gate[i] * (1.f / HW));
+      return;
+    }
+
+    // Excite, first Linear + ReLU.  A group of `lanes` threads per hidden unit (a power of
+    // two <= 32: as many as kThreads / R allows), each over every lanes-th float4 of the W1
+    // row: coalesced 16-byte loads, all in flight at once, then a shuffle reduction.  Each W1
+    // element is loaded once for all of the CTA's images.
+    float const inv_hw = 1.f / HW;
+    int lanes = 32;
+    while (lanes > 1 && lanes * a.R > kThreads) lanes /= 2;
+    int const sub = tid % lanes, unit = tid / lanes, units_per_pass = kThreads / lanes;
+    int const C4 = a.C / 4;
+    auto const* w1v = reinterpret_cast<float4 const*>(a.w1);  // 16-byte aligned (the op checks)
+    for (int base = 0; base < a.R; base += units_per_pass) {  // same trip count in every warp
+      int const r = base + unit;
+      float dot[kImages] = {};
+      if (r < a.R) {
 #pragma unroll 4
-      for (int c4 = sub; c4 < C4; c4 += lanes) {
-        float4 const w = w1v[size_t(r) * C4 + c4];
+        for (int c4 = sub; c4 < C4; c4 += lanes) {
+          float4 const w = w1v[size_t(r) * C4 + c4];
 #pragma unroll
-        for (int i = 0; i < kImages; ++i) {
-          if (i < images) {
-            float4 const s = reinterpret_cast<float4 const*>(gate + i * a.C)[c4];
-            dot[i] += w.x * s.x + w.y * s.y + w.z * s.z + w.w * s.w;
+          for (int i = 0; i < kImages; ++i) {
+            if (i < images) {
+              float4 const s = reinterpret_cast<float4 const*>(gate + i * a.C)[c4];
+              dot[i] += w.x * s.x + w.y * s.y + w.z * s.z + w.w * s.w;
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < kImages; ++i) {
-      if (i >= images) break;
-      float d = dot[i];
-      for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
-      if (sub == 0 && r < a.R) {  // (units past R read nothing: b1 has R entries)
-        float const pre = d * inv_hw + a.b1[r];
-        hidden[i * a.R + r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
+      for (int i = 0; i < kImages; ++i) {
+        if (i >= images) break;
+        float d = dot[i];
+        for (int off = lanes / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+        if (sub == 0 && r < a.R) {  // (units past R read nothing: b1 has R entries)
+          float const pre = d * inv_hw + a.b1[r];
+          hidden[i * a.R + r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
+        }
       }
     }
-  }
-  __syncthreads();  // hidden is complete, and every read of the sums is done
+    __syncthreads();  // hidden is complete, and every read of the sums is done
 
-  // Second Linear + sigmoid: one thread per channel, each W2 element used for all of the
-  // CTA's images, from the staged transpose when it fits (else from global memory, where
-  // unrolling keeps several loads in flight).  The gate overwrites the sums.
-  for (int c = tid; c < a.C; c += kThreads) {
-    float dot[kImages] = {};
-    if (a.stage_w2) {
+    // Second Linear + sigmoid: one thread per channel, each W2 element used for all of the
+    // CTA's images, from the staged transpose when it fits (else from global memory, where
+    // unrolling keeps several loads in flight).  The gate overwrites the sums.
+    for (int c = tid; c < a.C; c += kThreads) {
+      float dot[kImages] = {};
+      if (a.stage_w2) {
 #pragma unroll 8
-      for (int r = 0; r < a.R; ++r) {
-        float w = w2t[r * (a.C + 1) + c];
+        for (int r = 0; r < a.R; ++r) {
+          float w = w2t[r * (a.C + 1) + c];
 #pragma unroll
-        for (int i = 0; i < kImages; ++i)
-          if (i < images) dot[i] += w * hidden[i * a.R + r];
-      }
-    } else {
-      float const* row = a.w2 + size_t(c) * a.R;
+          for (int i = 0; i < kImages; ++i)
+            if (i < images) dot[i] += w * hidden[i * a.R + r];
+        }
+      } else {
+        float const* row = a.w2 + size_t(c) * a.R;
 #pragma unroll 8
-      for (int r = 0; r < a.R; ++r) {
-        float w = row[r];
+        for (int r = 0; r < a.R; ++r) {
+          float w = row[r];
 #pragma unroll
-        for (int i = 0; i < kImages; ++i)
-          if (i < images) dot[i] += w * hidden[i * a.R + r];
+          for (int i = 0; i < kImages; ++i)
+            if (i < images) dot[i] += w * hidden[i * a.R + r];
+        }
       }
+#pragma unroll
+      for (int i = 0; i < kImages; ++i)
+        if (i < images) gate[i * a.C + c] = 1.f / (1.f + __expf(-(dot[i] + a.b2[c])));
     }
-#pragma unroll
-    for (int i = 0; i < kImages; ++i)
-      if (i < images) gate[i * a.C + c] = 1.f / (1.f + __expf(-(dot[i] + a.b2[c])));
+    __syncthreads();
   }
-  __syncthreads();
 
   // Gate, residual, ReLU, the next block's input bias: the CTA's images are contiguous.
   float const idn_bias = a.identity_bias ? *a.identity_bias : 0.f;

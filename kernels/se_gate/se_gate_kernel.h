@@ -5,6 +5,9 @@
 //   g   = sigmoid(W2 relu(W1 s + b1) + b2)       (excite: the two Linear layers)
 //   out = relu(h * g + identity + identity_bias) + post_bias
 //   pooled = avg_pool2d(out, 3, stride 2, pad 1, count_include_pad)   (optional)
+// It also runs as the two ends of the same gate split around an excite MLP of the caller's
+// (ops se_squeeze and se_gate_apply): with `means_out` it stops after the squeeze and writes
+// s; with `gate_in` it skips the squeeze and the excite and reads g.
 // h, identity, out, pooled: NHWC (channels_last) fp16/bf16; W1 (R, C), W2 (C, R), biases
 // float32.  The pooled map is the next block's downsample input: the CTA that wrote an
 // image's `out` pools it while it is still in L1/L2, so no separate pooling pass.
@@ -30,6 +33,8 @@ struct SeGateArgs {
   float const* identity_bias;        // device scalar or null
   float const* post_bias;            // device scalar or null
   float const* h_bias;               // device scalar or null: added to h first
+  void* means_out;                   // [N, C] in h's dtype, or null: write s and stop there
+  void const* gate_in;               // [N, C] in h's dtype, or null: read g, no squeeze/excite
   bool stage_w2;                     // W2 transposed into shared memory (SeGateShape)
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };

@@ -1,5 +1,6 @@
 // cutlass_ops::se_gate: squeeze-excitation gate + residual + ReLU in one pass, and
-// se_gate_backward (its whole backward, used by cutlass_ops/autograd.py).
+// se_gate_backward (its whole backward, used by cutlass_ops/autograd.py); se_squeeze and
+// se_gate_apply, the same gate's two ends around an excite MLP of the caller's.
 // Schemas, checks and the CPU (ATen) implementations; CUDA in se_gate_cuda.cpp, fake in
 // cutlass_ops/ops.py.
 #include "se_gate/se_gate_op.h"
@@ -31,6 +32,43 @@ Tensor as_scalar(Tensor const& s, ScalarType dtype) { return torch::stable::resh
 
 std::vector<int64_t> const kPoolKernel{3, 3}, kPoolStride{2, 2}, kPoolPadding{1, 1};
 
+// The composites' result: y stored in h's dtype (channels_last), and, if `avgpool`, the
+// AvgPool2d(3, 2, 1) of that stored (rounded) output, as the CUDA kernel pools it.
+std::tuple<Tensor, Tensor> store_and_pool(Tensor const& h, Tensor const& y, bool avgpool) {
+  auto out = empty(h.sizes(), h.scalar_type(), h.device(), kChannelsLast);
+  torch::stable::copy_(out, y);
+  auto pooled = empty({0}, h.scalar_type(), h.device());
+  if (avgpool) {
+    pooled = empty(pooled_shape(h), h.scalar_type(), h.device(), kChannelsLast);
+    torch::stable::copy_(pooled, aten_call("aten::avg_pool2d", "", to_dtype(out, y.scalar_type()), kPoolKernel,
+                                           kPoolStride, kPoolPadding, false, true, std::optional<int64_t>()));
+  }
+  return {out, pooled};
+}
+
+}  // namespace
+
+namespace {
+void check_map(Tensor const& h, char const* op) {
+  CUTLASS_OPS_CHECK_VALUE(h.dim() == 4, op, ": h must be 4-D (N, C, H, W), got ", h.dim(), "-D");
+  CUTLASS_OPS_CHECK_VALUE(is_floating(h.scalar_type()), op, ": h must be floating, got ",
+                          h.scalar_type());
+}
+
+void check_scalars(Tensor const& h, std::optional<Tensor> const& identity_bias,
+                   std::optional<Tensor> const& post_bias, std::optional<Tensor> const& h_bias, char const* op) {
+  std::pair<char const*, std::optional<Tensor> const*> const scalars[] = {
+      {"identity_bias", &identity_bias}, {"post_bias", &post_bias}, {"h_bias", &h_bias}};
+  for (auto const& [name, s] : scalars) {
+    if (!*s) continue;
+    CUTLASS_OPS_CHECK_VALUE((*s)->numel() == 1 && (*s)->dim() <= 1, op, ": ", name,
+                            " must be a scalar tensor (0-d or one element), got shape ", (*s)->sizes());
+    CUTLASS_OPS_CHECK_VALUE(is_floating((*s)->scalar_type()), op, ": ", name, " must be floating, got ",
+                            (*s)->scalar_type());
+    CUTLASS_OPS_CHECK_VALUE((*s)->device() == h.device(), op, ": ", name, " is on ", (*s)->device(),
+                            " but h is on ", h.device());
+  }
+}
 }  // namespace
 
 void check_inputs(Tensor const& h, Tensor const& identity, Tensor const& w1,
@@ -38,9 +76,7 @@ void check_inputs(Tensor const& h, Tensor const& identity, Tensor const& w1,
                   std::optional<Tensor> const& identity_bias,
                   std::optional<Tensor> const& post_bias,
                   std::optional<Tensor> const& h_bias, char const* op) {
-  CUTLASS_OPS_CHECK_VALUE(h.dim() == 4, op, ": h must be 4-D (N, C, H, W), got ", h.dim(), "-D");
-  CUTLASS_OPS_CHECK_VALUE(is_floating(h.scalar_type()), op, ": h must be floating, got ",
-                          h.scalar_type());
+  check_map(h, op);
   CUTLASS_OPS_CHECK_VALUE(identity.sizes() == h.sizes(), op, ": identity shape ", identity.sizes(),
                           " differs from h shape ", h.sizes());
   CUTLASS_OPS_CHECK_VALUE(identity.scalar_type() == h.scalar_type(), op, ": identity dtype ",
@@ -63,17 +99,31 @@ void check_inputs(Tensor const& h, Tensor const& identity, Tensor const& w1,
     CUTLASS_OPS_CHECK_VALUE(is_floating(t->scalar_type()), op, ": ", name, " must be floating, got ",
                             t->scalar_type());
   }
-  std::pair<char const*, std::optional<Tensor> const*> const scalars[] = {
-      {"identity_bias", &identity_bias}, {"post_bias", &post_bias}, {"h_bias", &h_bias}};
-  for (auto const& [name, s] : scalars) {
-    if (!*s) continue;
-    CUTLASS_OPS_CHECK_VALUE((*s)->numel() == 1 && (*s)->dim() <= 1, op, ": ", name,
-                            " must be a scalar tensor (0-d or one element), got shape ", (*s)->sizes());
-    CUTLASS_OPS_CHECK_VALUE(is_floating((*s)->scalar_type()), op, ": ", name, " must be floating, got ",
-                            (*s)->scalar_type());
-    CUTLASS_OPS_CHECK_VALUE((*s)->device() == h.device(), op, ": ", name, " is on ", (*s)->device(),
-                            " but h is on ", h.device());
-  }
+  check_scalars(h, identity_bias, post_bias, h_bias, op);
+}
+
+void check_squeeze_inputs(Tensor const& h, std::optional<Tensor> const& h_bias) {
+  check_map(h, "se_squeeze");
+  check_scalars(h, std::nullopt, std::nullopt, h_bias, "se_squeeze");
+}
+
+void check_apply_inputs(Tensor const& h, Tensor const& identity, Tensor const& gate,
+                        std::optional<Tensor> const& identity_bias, std::optional<Tensor> const& post_bias,
+                        std::optional<Tensor> const& h_bias) {
+  char const* op = "se_gate_apply";
+  check_map(h, op);
+  CUTLASS_OPS_CHECK_VALUE(identity.sizes() == h.sizes(), op, ": identity shape ", identity.sizes(),
+                          " differs from h shape ", h.sizes());
+  CUTLASS_OPS_CHECK_VALUE(identity.scalar_type() == h.scalar_type(), op, ": identity dtype ",
+                          identity.scalar_type(), " differs from h dtype ", h.scalar_type());
+  CUTLASS_OPS_CHECK_VALUE(identity.device() == h.device(), op, ": identity is on ", identity.device(),
+                          " but h is on ", h.device());
+  CUTLASS_OPS_CHECK_VALUE(gate.dim() == 2 && gate.size(0) == h.size(0) && gate.size(1) == h.size(1), op,
+                          ": gate must be (N, C) = (", h.size(0), ", ", h.size(1), "), got ", gate.sizes());
+  CUTLASS_OPS_CHECK_VALUE(is_floating(gate.scalar_type()), op, ": gate must be floating, got ", gate.scalar_type());
+  CUTLASS_OPS_CHECK_VALUE(gate.device() == h.device(), op, ": gate is on ", gate.device(), " but h is on ",
+                          h.device());
+  check_scalars(h, identity_bias, post_bias, h_bias, op);
 }
 
 std::tuple<Tensor, Tensor> se_gate_aten(
@@ -91,16 +141,31 @@ std::tuple<Tensor, Tensor> se_gate_aten(
   if (identity_bias) y = y + as_scalar(*identity_bias, compute);
   y = relu(y);
   if (post_bias) y = y + as_scalar(*post_bias, compute);
-  auto out = empty(h.sizes(), h.scalar_type(), h.device(), kChannelsLast);
-  torch::stable::copy_(out, y);
-  auto pooled = empty({0}, h.scalar_type(), h.device());
-  if (avgpool) {
-    // Pools the stored (rounded) output, as the CUDA kernel does.
-    pooled = empty(pooled_shape(h), h.scalar_type(), h.device(), kChannelsLast);
-    torch::stable::copy_(pooled, aten_call("aten::avg_pool2d", "", to_dtype(out, compute), kPoolKernel, kPoolStride,
-                                           kPoolPadding, false, true, std::optional<int64_t>()));
-  }
-  return {out, pooled};
+  return store_and_pool(h, y, avgpool);
+}
+
+Tensor se_squeeze_aten(Tensor const& h, std::optional<Tensor> const& h_bias) {
+  check_squeeze_inputs(h, h_bias);
+  auto compute = h.scalar_type() == kDouble ? kDouble : kFloat;
+  auto hf = to_dtype(h, compute);
+  if (h_bias) hf = hf + as_scalar(*h_bias, compute);
+  return to_dtype(mean_hw(hf), h.scalar_type());
+}
+
+std::tuple<Tensor, Tensor> se_gate_apply_aten(
+    Tensor const& h, Tensor const& identity, Tensor const& gate, std::optional<Tensor> const& identity_bias,
+    std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias) {
+  check_apply_inputs(h, identity, gate, identity_bias, post_bias, h_bias);
+  auto compute = h.scalar_type() == kDouble ? kDouble : kFloat;
+  auto hf = to_dtype(h, compute);
+  if (h_bias) hf = hf + as_scalar(*h_bias, compute);
+  // The gate as the CUDA kernel reads it: rounded to h's dtype first.
+  auto g = to_dtype(to_dtype(gate, h.scalar_type()), compute);
+  auto y = hf * unsqueeze_hw(g) + to_dtype(identity, compute);
+  if (identity_bias) y = y + as_scalar(*identity_bias, compute);
+  y = relu(y);
+  if (post_bias) y = y + as_scalar(*post_bias, compute);
+  return store_and_pool(h, y, avgpool);
 }
 
 void check_backward_inputs(Tensor const& grad_out, std::optional<Tensor> const& grad_pooled,
@@ -183,9 +248,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
       "Tensor fc1_bias, Tensor fc2_weight, Tensor fc2_bias, Tensor? post_bias=None, Tensor? h_bias=None) -> "
       "(Tensor grad_h, Tensor grad_identity, Tensor grad_fc1_weight, Tensor grad_fc1_bias, Tensor grad_fc2_weight, "
       "Tensor grad_fc2_bias, Tensor grad_identity_bias, Tensor grad_post_bias, Tensor grad_h_bias)");
+  m.def("se_squeeze(Tensor h, Tensor? h_bias=None) -> Tensor");
+  m.def(
+      "se_gate_apply(Tensor h, Tensor identity, Tensor gate, Tensor? identity_bias=None, Tensor? post_bias=None, "
+      "bool avgpool=False, Tensor? h_bias=None) -> (Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("se_gate", TORCH_BOX(&cutlass_ops::se_gate::se_gate_aten));
   m.impl("se_gate_backward", TORCH_BOX(&cutlass_ops::se_gate::se_gate_backward_aten));
+  m.impl("se_squeeze", TORCH_BOX(&cutlass_ops::se_gate::se_squeeze_aten));
+  m.impl("se_gate_apply", TORCH_BOX(&cutlass_ops::se_gate::se_gate_apply_aten));
 }

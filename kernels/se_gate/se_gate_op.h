@@ -28,6 +28,19 @@ std::tuple<Tensor, Tensor> se_gate_aten(
     Tensor const& w2, Tensor const& b2, std::optional<Tensor> const& identity_bias,
     std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias);
 
+// The same gate in three steps, around an excite MLP of the caller's (cutlass_ops/ops.py):
+//   se_squeeze:    s   = mean_hw(h + h_bias)                 (N, C) in h's dtype
+//   se_gate_apply: out = relu((h + h_bias) * gate + identity + identity_bias) + post_bias
+//                  (and the pooled map), gate (N, C)
+void check_squeeze_inputs(Tensor const& h, std::optional<Tensor> const& h_bias);
+void check_apply_inputs(Tensor const& h, Tensor const& identity, Tensor const& gate,
+                        std::optional<Tensor> const& identity_bias, std::optional<Tensor> const& post_bias,
+                        std::optional<Tensor> const& h_bias);
+Tensor se_squeeze_aten(Tensor const& h, std::optional<Tensor> const& h_bias);
+std::tuple<Tensor, Tensor> se_gate_apply_aten(
+    Tensor const& h, Tensor const& identity, Tensor const& gate, std::optional<Tensor> const& identity_bias,
+    std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias);
+
 // se_gate_backward: the gradients of se_gate(h, identity, fc1/fc2, identity_bias,
 // post_bias[, avgpool][, h_bias]) from grad_out (and grad_pooled when avgpool) and the saved h
 // and output: grad_h, grad_identity (in h's dtype, channels_last), the excite weights' and the

@@ -110,3 +110,85 @@ def test_se_gate_unaligned_excite_weights(device, rng):
         t[name] = buf[1:].view(t[name].shape)
     rel, mx = errors(run(t, False), reference(t, False)[0])
     assert rel <= TOLERANCE[torch.float16][0] and mx <= TOLERANCE[torch.float16][1]
+
+
+# ---- se_squeeze + se_gate_apply: the same gate split around a caller's excite MLP --------
+
+def excite64(t, h_bias=True):
+    """The float64 squeeze and excite: (means, gate)."""
+    d = {k: v.double().cpu() for k, v in t.items()}
+    h = d["h"] + d["hb"] if h_bias else d["h"]
+    means = h.mean((2, 3))
+    return means, torch.sigmoid(F.linear(torch.relu(F.linear(means, d["w1"], d["b1"])), d["w2"], d["b2"]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n{}c{}_{}x{}".format(*s))
+@pytest.mark.parametrize("h_bias", [True, False])
+def test_se_squeeze_numerics(device, dtype, shape, h_bias, rng):
+    t = make(*shape, dtype, device, rng)
+    if device == "cuda":
+        torch.full((4 * t["h"].numel(),), float("nan"), dtype=dtype, device=device)  # poison
+    got = cutlass_ops.ops.se_squeeze(t["h"], t["hb"] if h_bias else None)
+    want, _ = excite64(t, h_bias)
+    assert got.shape == want.shape and got.dtype == dtype and got.device.type == device
+    rel, mx = errors(got, want)
+    assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], f"rel {rel:.2e} max {mx:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n{}c{}_{}x{}".format(*s))
+@pytest.mark.parametrize("avgpool", [False, True])
+def test_se_gate_apply_matches_se_gate(device, dtype, shape, avgpool, rng):
+    # squeeze -> the float64 excite (rounded to h's dtype) -> apply: se_gate's result.
+    t = make(*shape, dtype, device, rng)
+    _, gate = excite64(t)
+    gate = gate.to(dtype).to(device)
+    got = cutlass_ops.ops.se_gate_apply(t["h"], t["identity"], gate, t["idb"], t["pb"], avgpool=avgpool,
+                                        h_bias=t["hb"])
+    out, pooled = got if avgpool else (got, None)
+    ref_out, _ = reference(t, False)
+    rel, mx = errors(out, ref_out)
+    assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], f"out: rel {rel:.2e} max {mx:.2e}"
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    if avgpool:
+        want = F.avg_pool2d(out.double().cpu(), 3, 2, 1, count_include_pad=True)
+        rel, mx = errors(pooled, want)
+        assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], f"pooled: rel {rel:.2e} max {mx:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_se_split_bad_input(device, rng):
+    t = make(2, 64, 4, 4, torch.float16, device, rng)
+    gate = torch.rand(2, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="h must be 4-D"):
+        cutlass_ops.ops.se_squeeze(t["h"][0])
+    with pytest.raises(ValueError, match=r"gate must be \(N, C\)"):
+        cutlass_ops.ops.se_gate_apply(t["h"], t["identity"], gate[:, :32])
+    with pytest.raises(ValueError, match="identity shape"):
+        cutlass_ops.ops.se_gate_apply(t["h"], t["identity"][:1], gate)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_se_split_opcheck(device, rng):
+    t = make(3, 64, 5, 5, torch.float16, device, rng)
+    gate = torch.rand(3, 64, dtype=torch.float16, device=device) + 0.1
+    torch.library.opcheck(torch.ops.cutlass_ops.se_squeeze.default, (t["h"], t["hb"]))
+    for avgpool in (False, True):
+        torch.library.opcheck(torch.ops.cutlass_ops.se_gate_apply.default,
+                              (t["h"], t["identity"], gate, t["idb"], t["pb"], avgpool, t["hb"]))
+
+
+def test_se_split_gradcheck(rng):
+    # float64 on the CPU: the composites' backward, through both ops and a torch excite.
+    t = make(2, 8, 3, 3, torch.float64, "cpu", rng, r=4)
+    args = [t[k].double().clone().requires_grad_() for k in ("h", "identity", "w1", "b1", "w2", "b2", "idb", "pb", "hb")]
+
+    def split(h, identity, w1, b1, w2, b2, idb, pb, hb):
+        s = cutlass_ops.ops.se_squeeze(h, hb)
+        gate = torch.sigmoid(F.linear(torch.relu(F.linear(s, w1, b1)), w2, b2))
+        return cutlass_ops.ops.se_gate_apply(h, identity, gate, idb, pb, avgpool=True, h_bias=hb)
+
+    assert torch.autograd.gradcheck(split, args)
