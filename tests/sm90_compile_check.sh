@@ -6,7 +6,11 @@
 # each for sm_90a exactly as CMake does, and prints its compile time and ptxas's register and
 # spill counts, and the kernel's dynamic shared memory (Kernel::SharedStorageSize, printed by a
 # deprecation warning).  Nothing runs; no GPU needed.  Fails when an instance does not compile,
-# spills, or draws a ptxas C75xx warning (wgmma serialized).
+# spills, draws a ptxas C75xx warning (wgmma serialized), or, for a stock (not persistent)
+# conv2d_fused kernel, needs so many registers that fewer CTAs fit an SM than its shared memory
+# allows (an epilogue's SiLU branch took 128x64x64_4s from 95 to 133 registers, from two CTAs
+# per SM to one, and FusedResNet's family-90 convs 1.4-1.7x longer, unnoticed for a day:
+# session 18).
 #   usage: PYTHON=/path/to/python tests/sm90_compile_check.sh
 #   SM90_ONLY=REGEX compiles only the instances whose name matches (e.g. SM90_ONLY='_coop_|_pp_'
 #   for the persistent ones); JOBS=N compiles N at a time (default 1).
@@ -33,6 +37,18 @@ PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m cutlass_ops_ge
 tail -n 1 "$OUT/gen.log"
 
 shopt -s nullglob
+# Whether a stock family-90 conv kernel (256 threads: a producer and a consumer warp group)
+# fits fewer CTAs per SM by its registers (64K a SM, allocated in 8s a thread) than by its
+# shared memory (227 KB a SM, 1 KB of it reserved per CTA), up to the two that hide one CTA's
+# epilogue behind the other's mainloop.
+fewer_ctas_by_registers() {
+  local regs smem=${2:-0} by_regs by_smem
+  regs=$(echo "$1" | grep -o "Used [0-9]*" | grep -o "[0-9]*") || return 1
+  by_regs=$(( 65536 / (((regs + 7) / 8 * 8) * 256) ))
+  by_smem=$(( 232448 / (smem + 1024) ))
+  [ "$by_smem" -gt 2 ] && by_smem=2
+  [ "$by_regs" -lt "$by_smem" ]
+}
 compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $OUT/$name.log
   local cu=$1 name start usage smem ns entry
   name=$(basename "$cu" .cu)
@@ -64,6 +80,8 @@ compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $
       echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): ptxas $(grep -o 'C75[0-9][0-9]' "$OUT/$name.log" | head -1)"
     elif echo "$usage" | grep -q -E "(^|,)[1-9][0-9]* bytes spill stores"; then
       echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): spills"
+    elif [[ $ns == conv2d_fused && ! $name =~ _coop_|_pp_ ]] && fewer_ctas_by_registers "$usage" "$smem"; then
+      echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): its registers leave fewer CTAs per SM than its shared memory does"
     else
       echo "ok   $name ($((SECONDS - start)) s; $usage; smem $smem B)"
     fi > "$OUT/$name.result"

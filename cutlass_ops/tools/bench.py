@@ -226,6 +226,7 @@ def measure_systems(setups: dict, rounds: int = 3, calls: int = 200, reps: int =
                                  latency_ms=statistics.median(lat[name]), latency_round_ms=lat[name],
                                  calls=calls, reps=reps, latency_iters=latency_iters * rounds)
             results[name].update(device_time(fn))
+        report_row(progress, label.rstrip(": "), {name: results[name] for name in fns})
 
     if interleave:
         fns = {name: fn for name in setups if (fn := set_up(name)) is not None}
@@ -258,6 +259,15 @@ def ratios(results: dict) -> dict:
         out[metric] = {"ours": o, "ours_ms": ours[o], "peer": p, "peer_ms": peers[p],
                        "ratio": ours[o] / peers[p]}
     return out
+
+
+def report_row(progress, label: str, results: dict) -> None:
+    """One finished row's times through `progress` as soon as they exist (the table is printed
+    at the end: a run stopped before then keeps these lines)."""
+    for name, r in results.items():
+        times = (" / ".join(f"{r[m]:.4f}" for m in METRICS) + " ms (throughput / latency / device)"
+                 if all(m in r for m in METRICS) else r.get("error", "not timed"))
+        progress(f"  {label} done: {name}: {times}")
 
 
 def print_systems(results: dict, indent: str = "  ") -> None:

@@ -105,7 +105,8 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
   // A forced kernel runs whatever its family; otherwise the policy and the profile decide
   // (family 90 has alignment-8 kernels only).
   if (only == nullptr)
-    families = families_to_try(families, a.sm90_policy, profile_rule(a, 90, 8), profile_rule(a, 80, 8));
+    families = families_to_try(families, a.act == Activation::kSilu ? Sm90Policy::kNever : a.sm90_policy,
+                               profile_rule(a, 90, 8), profile_rule(a, 80, 8));
   for (int family : families) {
     // Any alignment that divides the widest one also fits, so a build without (say) the
     // alignment-4 kernels still runs C=12 through the alignment-2 or -1 kernels.
@@ -115,6 +116,10 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
         KernelEntry const& e = kKernels[i];
         if (e.run == nullptr || e.family != family || e.dtype != a.dtype || e.alignment != align) continue;
         if (only != nullptr && std::strcmp(only, e.name) != 0) continue;
+        if (e.family == 90 && a.act == Activation::kSilu) {  // no SiLU epilogue in family 90
+          result.why_not += std::string(e.name) + ": family-90 kernels have no SiLU epilogue; ";
+          continue;
+        }
         candidates.push_back({&e, kernel_ctas(a, e)});
       }
       order_by_occupancy(candidates, num_sms, gemm_m, a.K);

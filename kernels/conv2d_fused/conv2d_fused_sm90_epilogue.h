@@ -4,9 +4,9 @@
 //   y = act(scale * acc + bias[k] + bias_scalar + residual) + post_bias
 //
 // evaluated in float32 in that order (scale * acc + bias[k] is one fma, as nvcc contracts the
-// family-80 expression), act = ReLU ("v < 0 ? 0 : v": NaN stays NaN, like torch.relu), SiLU
-// (v / (1 + exp(-v)), as torch's) or the identity per call, the result rounded once to the
-// output type.  Null pointers mean
+// family-80 expression), act = ReLU ("v < 0 ? 0 : v": NaN stays NaN, like torch.relu) or the
+// identity per call (no SiLU: see ActivationIf), the result rounded once to the output type.
+// Null pointers mean
 // "absent": scale 1, bias 0, bias_scalar 0, post_bias 0, no residual.
 //
 // The tree, leaves first (GEMM M = N*P*Q output pixels, GEMM N = K output channels):
@@ -19,7 +19,7 @@
 //   + bias_scalar : Sm90ScalarBroadcast (pointer, or 0)
 //   + residual    : OptionalSrcFetch, the source tensor C, loaded by TMA only when the call has
 //                   a residual; otherwise never read (and zeros in its place)
-//   act     : Sm90Compute<ActivationIf>, whose run-time argument says identity, ReLU or SiLU
+//   act     : Sm90Compute<ActivationIf>, whose run-time argument says identity or ReLU
 //   + post_bias   : Sm90ScalarBroadcast (pointer, or 0); this node rounds to the output type.
 //
 // The scalars are read from device memory when the kernel's epilogue is constructed, i.e.
@@ -44,7 +44,11 @@ namespace epilogue {
 namespace sm90 {
 
 // The activation, chosen per call (Sm90Compute passes an Arguments member to the functor as
-// its last operand): 0 identity, 1 ReLU ("v < 0 ? 0 : v", so that NaN stays NaN), 2 SiLU.
+// its last operand): 0 identity, 1 ReLU ("v < 0 ? 0 : v", so that NaN stays NaN).  No SiLU
+// here: its branch (expf and a division) took these kernels from 95 to 125-133 registers a
+// thread, and with them from two CTAs per SM to one: every family-90 conv of FusedResNet ran
+// 1.4-1.7x longer on an H100 (session 18).  SiLU calls run the family-80 kernels (the
+// dispatcher skips family 90 for them); sm90 GEMMs with SiLU are kernels/linear_silu's.
 struct ActivationArguments {
   int act = 0;
 };
@@ -53,9 +57,7 @@ template <typename T>
 struct ActivationIf {
   using Arguments = ActivationArguments;
   CUTLASS_HOST_DEVICE T operator()(T const& v, Arguments const& args) const {
-    if (args.act == 1) return v < T(0) ? T(0) : v;
-    if (args.act == 2) return v / (T(1) + expf(-v));
-    return v;
+    return (args.act == 1 && v < T(0)) ? T(0) : v;
   }
 };
 

@@ -98,12 +98,17 @@ def test_every_epilogue(kernel, bias, scale, post_bias, residual, relu, forced, 
 @needs_sm90
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("residual", [True, False])
-def test_silu_epilogue(kernel, residual, forced, rng):
-    """SiLU as the activation (FusedCvT's fc1) with every other term, each sm90 kernel."""
+def test_silu_runs_family_80(kernel, residual, forced, monkeypatch, rng):
+    """Family 90 has no SiLU epilogue (its register cost slowed every family-90 kernel): a SiLU
+    call runs a family-80 kernel, whatever the policy, and forcing a family-90 one says why."""
     dtype = kernel_dtype(kernel)
     case = random_case(3, 64, 72, 10, 9, 1, 1, dtype, "cuda", rng, residual=residual, padding=0)
+    monkeypatch.setenv("CUTLASS_OPS_SM90", "1")  # family 90 first wherever it can run
+    ran = run_checked(case, False, dtype, silu=True)
+    assert conv2d_fused_kernel_family(ran) == 80, ran
     forced(kernel)
-    run_checked(case, False, dtype, expect=kernel, silu=True)
+    with pytest.raises(ValueError, match="no SiLU epilogue"):
+        run_checked(case, False, dtype, silu=True)
 
 
 # ResNet shapes: odd batches, C in FusedResNet's set, 1x1 and 3x3, strides 1 and 2 (K = 2C
