@@ -13,7 +13,9 @@ from the GEMM's. FusedMLP takes widths up to 256, so block 3 (C=512) has no B2B 
 
 Systems per SE shape of FusedResNet (base planes 64, 64x64 input; with block 0-2's fused
 AvgPool2d), each captured in a CUDA graph as FusedResNet graph=True runs it; eager channels_last
-+ CUDA graph for scale. Throughput, latency and device time (bench.measure_systems).
++ CUDA graph for scale; and se_gate with its maps (h, identity) always read from global
+memory (CUTLASS_OPS_SE_CACHE=0) and always cached in shared memory where they fit (=1); the
+default caches them only where h outgrows half of L2. Throughput, latency and device time (bench.measure_systems).
 
     python -m cutlass_ops bench se-excite --batch 128 2048
 """
@@ -30,7 +32,9 @@ SE_SHAPES = ((64, 16, 16, True, True), (128, 8, 8, True, True), (256, 4, 4, True
 SYSTEMS = ("se_gate (excite loop in the kernel) + CUDA graph",
            "split: se_squeeze + FusedMLP excite (B2B GEMM) + se_gate_apply + CUDA graph",
            "split: se_squeeze + cuBLAS excite + se_gate_apply + CUDA graph",
-           "eager channels_last + CUDA graph")
+           "eager channels_last + CUDA graph",
+           "se_gate, maps from global memory (CUTLASS_OPS_SE_CACHE=0) + CUDA graph",
+           "se_gate, maps cached in shared memory where they fit (CUTLASS_OPS_SE_CACHE=1) + CUDA graph")
 MAX_FUSED_MLP_WIDTH = 256
 
 
@@ -112,7 +116,14 @@ def se_paths(t: dict, avgpool: bool, pb, fused_excite=None) -> dict:
         out = out + pb if pb is not None else out
         return (out, F.avg_pool2d(out, 3, 2, 1)) if avgpool else out
 
-    paths = {SYSTEMS[0]: se_gate, SYSTEMS[2]: split(cublas_excite), SYSTEMS[3]: eager}
+    def se_gate_cache(setting):  # se_gate with its maps' cache in shared memory set (see se_gate_cuda.cpp)
+        def run():
+            with env_var("CUTLASS_OPS_SE_CACHE", setting):
+                return se_gate()
+        return run
+
+    paths = {SYSTEMS[0]: se_gate, SYSTEMS[2]: split(cublas_excite), SYSTEMS[3]: eager,
+             SYSTEMS[4]: se_gate_cache("0"), SYSTEMS[5]: se_gate_cache("1")}
     if fused_excite is not None:
         paths[SYSTEMS[1]] = split(fused_excite)
     return paths

@@ -2,6 +2,7 @@
 // se_gate_kernel.cu) and se_gate_backward (se_gate_backward_kernel.cu).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <vector>
 
@@ -46,6 +47,15 @@ cudaStream_t side_stream(int dev) {
 }  // namespace
 
 namespace {
+// Whether the kernel caches the CTA's maps in shared memory: where se_gate_shape says it
+// pays, unless CUTLASS_OPS_SE_CACHE (read per call) says 0 (never: the kernel's earlier form)
+// or 1 (wherever it fits: for tests and measurements).
+bool cache_maps(SeGateShape const& shape) {
+  char const* env = std::getenv("CUTLASS_OPS_SE_CACHE");
+  if (env == nullptr || env[0] == '\0') return shape.cache_maps;
+  return env[0] == '1' && shape.cache_fits;
+}
+
 // The maps one se_gate kernel launch reads and writes (undefined where unused).
 struct GateMaps {
   Tensor h, identity, out, pooled;  // NHWC, h's dtype
@@ -75,8 +85,11 @@ void launch_in_chunks(SeGateArgs a, GateMaps const& m, char const* op) {
     a.pooled = at(m.pooled, n0, pooled_image);
     a.means_out = at(m.means, n0, C); a.gate_in = at(m.gate_in, n0, C);
     SeGateShape shape = se_gate_shape(a.N, a.H, a.W, a.C, a.R, multiprocessor_count(dev),
-                                      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+                                      device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                                      device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+                                      device_attribute(cudaDevAttrL2CacheSize, dev));
     a.stage_w2 = excite_here && shape.stage_w2;  // W2 is only read by the excite
+    a.cache_maps = !m.means.defined() && cache_maps(shape);  // (se_squeeze reads h once anyway)
     cudaError_t err = launch_se_gate(a, shape.images_per_cta, current_cuda_stream(dev));
     CUTLASS_OPS_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
   }

@@ -1,5 +1,7 @@
 #include "se_gate/se_gate_kernel.h"
 
+#include <algorithm>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -58,25 +60,51 @@ __device__ void store8(T* p, float const (&v)[kVec]) {
 }
 
 // Shared memory, in floats: the squeeze partials first (16-byte vector stores), then the
-// per-image channel sums / gates, the hidden units, and optionally W2 transposed.
+// per-image channel sums / gates, the hidden units, optionally W2 transposed, and optionally
+// (cache_maps) the CTA's tiles of h and identity, 16-byte aligned: 16-bit elements, two per float.
 struct SmemLayout {
-  int partial, gate, hidden, w2t, total;
-  __host__ __device__ SmemLayout(int C, int R, int images, bool stage_w2) {
+  int partial, gate, hidden, w2t, maps, total;
+  __host__ __device__ SmemLayout(int C, int R, int images, bool stage_w2, int HW = 0, bool cache_maps = false) {
     partial = 0;
     gate = partial + kThreads * kVec;
     hidden = gate + images * C;
     w2t = hidden + images * R;
-    total = w2t + (stage_w2 ? R * (C + 1) : 0);
+    maps = (w2t + (stage_w2 ? R * (C + 1) : 0) + 3) / 4 * 4;
+    total = maps + (cache_maps ? images * HW * C : 0);  // 2 maps x images*HW*C halves
   }
 };
+
+// One 16-byte chunk global -> shared, asynchronously where the GPU can (sm80+: cp.async,
+// bypassing registers and L1), else through registers.
+__device__ __forceinline__ void copy16_async(void* smem_dst, void const* gmem_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
+#else
+  *static_cast<uint4*>(smem_dst) = *static_cast<uint4 const*>(gmem_src);
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
 
 // One CTA per kImages consecutive images (more than one when there are plenty of
 // CTAs: the excite weights are then read once per group, not once per image).
 template <typename T, int kImages>
 __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
   wait_for_previous_grid();
-  extern __shared__ float smem[];
-  SmemLayout const layout(a.C, a.R, kImages, a.stage_w2);
+  extern __shared__ __align__(16) float smem[];
+  int const HW = a.H * a.W;
+  SmemLayout const layout(a.C, a.R, kImages, a.stage_w2, HW, a.cache_maps);
   int const n0 = blockIdx.x * kImages;
   int const images = min(kImages, a.N - n0);  // the last CTA may have fewer
   float* partial = smem + layout.partial;     // [kThreads][kVec]
@@ -84,11 +112,32 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
   float* hidden = smem + layout.hidden;       // [images][R]
   float* w2t = smem + layout.w2t;             // [R][C + 1] when a.stage_w2
   int const tid = threadIdx.x;
-  int const HW = a.H * a.W;
   size_t const base = size_t(n0) * HW * a.C;
   T const* h = static_cast<T const*>(a.h) + base;
   T const* idn = static_cast<T const*>(a.identity) + base;
   T* out = static_cast<T*>(a.out) + base;
+
+  // With a.cache_maps the CTA's h and identity come into shared memory once, asynchronously:
+  // h first (the squeeze waits for it), identity behind it (it lands during the squeeze and
+  // the excite).  The squeeze and the gating then read shared memory, so h leaves HBM once
+  // instead of twice, and the pooling reads the gated output back from there too.
+  int const chunks = images * HW * a.C / kVec;  // 16-byte chunks per map
+  T* h_tile = reinterpret_cast<T*>(smem + layout.maps);
+  T* id_tile = h_tile + size_t(kImages) * HW * a.C;
+  if (a.cache_maps && a.gate_in == nullptr) {
+    for (int i = tid; i < chunks; i += kThreads) copy16_async(h_tile + i * kVec, h + size_t(i) * kVec);
+    copy_async_commit();
+  }
+  if (a.cache_maps && a.means_out == nullptr) {
+    for (int i = tid; i < chunks; i += kThreads) copy16_async(id_tile + i * kVec, idn + size_t(i) * kVec);
+    copy_async_commit();
+  }
+  if (a.cache_maps && a.gate_in != nullptr) {  // se_gate_apply: no squeeze, so h goes last
+    for (int i = tid; i < chunks; i += kThreads) copy16_async(h_tile + i * kVec, h + size_t(i) * kVec);
+    copy_async_commit();
+  }
+  T const* h_src = a.cache_maps ? h_tile : h;  // where the squeeze and the gating read h
+  T const* id_src = a.cache_maps ? id_tile : idn;
 
   // W2 (C, R) transposed into shared memory, with coalesced loads now (they overlap the
   // squeeze's): read row-wise from global memory, thread-per-channel fc2 below touches a
@@ -121,6 +170,10 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
     for (int i = tid; i < images * a.C; i += kThreads) gate[i] = static_cast<float>(g_in[i]);
     __syncthreads();
   } else {
+    if (a.cache_maps) {  // h landed (identity, committed after it, may still be in flight)
+      if (a.means_out == nullptr) copy_async_wait<1>(); else copy_async_wait<0>();
+      __syncthreads();
+    }
     // Squeeze, deterministically (no atomics: the same input gives the same bits, graph or
     // not).  Thread t owns the 8 channels of group t % G (G = C/8 groups per pixel) and
     // strides over an image's pixels; the per-thread partials are then summed in a fixed order.
@@ -129,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
       int const g = tid % G, row0 = tid / G;
       float acc[kVec] = {};
       if (row0 < rows_per_pass) {
-        T const* hi = h + size_t(img) * HW * a.C;
+        T const* hi = h_src + size_t(img) * HW * a.C;
         for (int p = row0; p < HW; p += rows_per_pass) {
           float v[kVec];
           load8(hi + (size_t(p) * a.C + g * kVec), v);
@@ -224,6 +277,11 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
     __syncthreads();
   }
 
+  if (a.cache_maps) {  // identity (and se_gate_apply's h) landed
+    copy_async_wait<0>();
+    __syncthreads();
+  }
+
   // Gate, residual, ReLU, the next block's input bias: the CTA's images are contiguous.
   float const idn_bias = a.identity_bias ? *a.identity_bias : 0.f;
   float const post = a.post_bias ? *a.post_bias : 0.f;
@@ -232,8 +290,8 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
     int const img = i / groups_per_image;
     int const c0 = (i % G) * kVec;
     float hv[kVec], iv[kVec], o[kVec];
-    load8(h + size_t(i) * kVec, hv);
-    load8(idn + size_t(i) * kVec, iv);
+    load8(h_src + size_t(i) * kVec, hv);
+    load8(id_src + size_t(i) * kVec, iv);
     // Two 16-byte shared loads instead of eight 4-byte ones (8-way bank conflicts).
     float4 const* gi = reinterpret_cast<float4 const*>(gate + img * a.C + c0);
     float4 const g0 = gi[0], g1 = gi[1];
@@ -244,17 +302,21 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
       o[j] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
     }
     store8(out + size_t(i) * kVec, o);
+    // The pooling below reads the output back: from shared memory when cached (over h's
+    // element, which only this thread read).
+    if (a.cache_maps && a.pooled != nullptr) store8(h_tile + size_t(i) * kVec, o);
   }
   if (a.pooled == nullptr) return;
 
   // AvgPool2d(3, 2, 1, count_include_pad=True) of these images' (rounded) output, read
-  // back from global memory: a block's own writes are visible to it after __syncthreads.
+  // back from shared memory (cached) or global memory: a block's own writes are visible to
+  // it after __syncthreads.
   __syncthreads();
   int const PH = (a.H + 1) / 2, PW = (a.W + 1) / 2;
   T* pooled = static_cast<T*>(a.pooled) + size_t(n0) * PH * PW * a.C;
   for (int i = tid; i < images * PH * PW * G; i += kThreads) {
     int g = i % G, q = (i / G) % PW, p = (i / G / PW) % PH, img = i / G / PW / PH;
-    T const* oi = out + size_t(img) * HW * a.C;
+    T const* oi = (a.cache_maps ? h_tile : out) + size_t(img) * HW * a.C;
     float acc[kVec] = {};
     for (int dy = -1; dy <= 1; ++dy) {
       int y = 2 * p + dy;
@@ -276,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 2) se_gate_kernel(SeGateArgs a) {
 
 template <typename T, int kImages>
 cudaError_t launch_typed(SeGateArgs const& a, cudaStream_t stream) {
-  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages, a.stage_w2);
+  size_t smem = se_gate_smem_bytes(a.C, a.R, kImages, a.stage_w2, a.H * a.W, a.cache_maps);
   unsigned grid = static_cast<unsigned>((a.N + kImages - 1) / kImages);
   if (cudaError_t err = allow_dynamic_smem(se_gate_kernel<T, kImages>, smem); err != cudaSuccess) return err;
   return launch_kernel<se_gate_kernel<T, kImages>>(grid, kThreads, smem, stream,
@@ -291,13 +353,14 @@ cudaError_t launch_images(SeGateArgs const& a, cudaStream_t stream) {
 
 }  // namespace
 
-size_t se_gate_smem_bytes(int C, int R, int images_per_cta, bool stage_w2) {
-  return sizeof(float) * SmemLayout(C, R, images_per_cta, stage_w2).total;
+size_t se_gate_smem_bytes(int C, int R, int images_per_cta, bool stage_w2, int HW, bool cache_maps) {
+  return sizeof(float) * SmemLayout(C, R, images_per_cta, stage_w2, HW, cache_maps).total;
 }
 
 int se_gate_max_channels() { return kThreads * kVec; }
 
-SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes) {
+SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes,
+                          size_t smem_per_sm, size_t l2_bytes) {
   SeGateShape shape;
   shape.stage_w2 = se_gate_smem_bytes(C, R, 1, true) <= max_smem_bytes;
   // Group images while a group has at most four 8-channel vectors per thread (few pixels,
@@ -311,6 +374,15 @@ SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t
          se_gate_smem_bytes(C, R, 2 * images, shape.stage_w2) <= max_smem_bytes) {
     images *= 2;
   }
+  // Cache the maps when h is too big to stay in L2 for its second read (at least half of
+  // L2) and two CTAs still fit an SM (the launch bounds' two; 1 KB a CTA is the system's).
+  // H100, FusedResNet's SE gates (session 18): at N=2048 16x16x64 (h 67 MB) cached took 0.091
+  // ms against 0.112, 8x8x128 (34 MB) 0.062 against 0.065, but 4x4x256 (17 MB) 0.043 against
+  // 0.041, and at N=128 (4 MB and less) cached was 0-5% slower.
+  size_t const two_ctas = smem_per_sm / 2 > 1024 ? smem_per_sm / 2 - 1024 : 0;
+  double const h_bytes = 2.0 * N * H * W * C;
+  shape.cache_fits = se_gate_smem_bytes(C, R, images, shape.stage_w2, H * W, true) <= std::min(two_ctas, max_smem_bytes);
+  shape.cache_maps = shape.cache_fits && h_bytes >= 0.5 * l2_bytes;
   return shape;
 }
 

@@ -36,28 +36,34 @@ struct SeGateArgs {
   void* means_out;                   // [N, C] in h's dtype, or null: write s and stop there
   void const* gate_in;               // [N, C] in h's dtype, or null: read g, no squeeze/excite
   bool stage_w2;                     // W2 transposed into shared memory (SeGateShape)
+  bool cache_maps;                   // the CTA's h and identity in shared memory (SeGateShape)
   bool programmatic_launch;          // see common/programmatic_launch.cuh
 };
 
-// Shared memory the kernel needs (bytes).
-size_t se_gate_smem_bytes(int C, int R, int images_per_cta, bool stage_w2);
+// Shared memory the kernel needs (bytes); HW = H * W matters only with cache_maps.
+size_t se_gate_smem_bytes(int C, int R, int images_per_cta, bool stage_w2, int HW = 0, bool cache_maps = false);
 
 struct SeGateShape {
   int images_per_cta = 1;  // 1, 2, 4 or 8
   bool stage_w2 = false;
+  bool cache_maps = false;  // the maps cached (where it fits and pays)
+  bool cache_fits = false;  // where it fits (CUTLASS_OPS_SE_CACHE=1 caches then)
 };
 
-// How to launch N images of H x W x C on a GPU with `num_sms` SMs and `max_smem_bytes` of
-// shared memory per block: W2 staged in shared memory when it fits, and more than one
-// image per CTA for small images while every SM still gets a CTA.
-SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes);
+// How to launch N images of H x W x C on a GPU with `num_sms` SMs, `max_smem_bytes` of
+// shared memory per block, `smem_per_sm` per SM and `l2_bytes` of L2: W2 staged in shared
+// memory when it fits, more than one image per CTA for small images while every SM still
+// gets a CTA, and the CTA's h and identity cached in shared memory when h would not stay in
+// L2 for its second read and two CTAs still fit an SM.
+SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t max_smem_bytes,
+                          size_t smem_per_sm, size_t l2_bytes);
 
 // Largest C the kernel takes (one thread per 8 channels of a pixel).
 int se_gate_max_channels();
 
 // Requirements: C % 8 == 0, C <= se_gate_max_channels() and 16-byte aligned h/identity/out (the op checks and falls
 // back to ATen otherwise).  Returns the launch's cudaError.
-// a.stage_w2 and images_per_cta as se_gate_shape() said.
+// a.stage_w2, a.cache_maps and images_per_cta as se_gate_shape() said.
 cudaError_t launch_se_gate(SeGateArgs const& a, int images_per_cta, cudaStream_t stream);
 
 }  // namespace se_gate

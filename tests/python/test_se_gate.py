@@ -192,3 +192,22 @@ def test_se_split_gradcheck(rng):
         return cutlass_ops.ops.se_gate_apply(h, identity, gate, idb, pb, avgpool=True, h_bias=hb)
 
     assert torch.autograd.gradcheck(split, args)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", SHAPES + [(2048, 64, 16, 16), (2048, 512, 2, 2)],
+                         ids=lambda s: "n{}c{}_{}x{}".format(*s))
+def test_se_gate_cached_maps_match_uncached(shape, monkeypatch, rng):
+    # The kernel with the CTA's h and identity in shared memory (CUTLASS_OPS_SE_CACHE=1:
+    # wherever two CTAs still fit an SM; by default only where h outgrows half of L2, as
+    # (2048, 64, 16, 16) does) computes exactly what it computes from global memory: same bits.
+    t = make(*shape, torch.float16, "cuda", rng)
+    gate = torch.rand(shape[0], shape[1], dtype=torch.float16, device="cuda") + 0.1
+    results = []
+    for cache in ("1", "0"):
+        monkeypatch.setenv("CUTLASS_OPS_SE_CACHE", cache)
+        torch.full((4 * t["h"].numel(),), float("nan"), dtype=torch.float16, device="cuda")  # poison
+        results.append(run(t, True) + cutlass_ops.ops.se_gate_apply(t["h"], t["identity"], gate, t["idb"], t["pb"],
+                                                                     avgpool=True, h_bias=t["hb"]))
+    for cached, uncached in zip(*results):
+        assert torch.equal(cached, uncached)
