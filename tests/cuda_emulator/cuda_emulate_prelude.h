@@ -1,8 +1,9 @@
 // A CPU stand-in for the CUDA execution model, just enough to run this project's hand-written
 // kernels unchanged on a machine without a GPU: FusedMLP's generated kernels
 // (python/cutlass_ops_gen/mlp_kernel.cuh + mlp_emit.py; tests/python/test_mlp_emulator.py compiles
-// one with g++ -DFMLP_EMULATE and -include this file) and the LayerNorm kernel
-// (kernels/layer_norm/layer_norm_device.cuh; tests/python/test_layer_norm.py).  Each CUDA thread
+// one with g++ -DFMLP_EMULATE and -include this file), the LayerNorm kernel
+// (kernels/layer_norm/layer_norm_device.cuh; tests/python/test_layer_norm.py) and others
+// (dw_conv, se_gate: their *_harness.cpp).  Each CUDA thread
 // of a CTA is a fiber (ucontext) on one OS thread; a fiber runs until it reaches __syncthreads,
 // __syncwarp or a warp-collective instruction (__shfl_xor_sync here; ldmatrix and mma:
 // fmlp_emulate.h), where it waits for the others.  CTAs run one after another, each with
@@ -228,6 +229,7 @@ inline float shfl_xor(unsigned mask, float v, int offset) {
 #define __shfl_xor_sync(mask, v, offset) cuda_emu::shfl_xor(mask, v, offset)
 // device math the kernels use that host C++ lacks
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }  // the fast exp, as exact here
 #define threadIdx (cuda_emu::cta()->fibers[cuda_emu::cta()->current].tid)
 #define blockIdx (cuda_emu::block_idx())
 #define gridDim (cuda_emu::grid_dim())
