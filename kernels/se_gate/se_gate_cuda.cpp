@@ -44,9 +44,7 @@ cudaStream_t side_stream(int dev) {
   }
   return streams[dev];
 }
-}  // namespace
 
-namespace {
 // Whether the kernel caches the CTA's maps in shared memory: where se_gate_shape says it
 // pays, unless CUTLASS_OPS_SE_CACHE (read per call) says 0 (never: the kernel's earlier form)
 // or 1 (wherever it fits: for tests and measurements).

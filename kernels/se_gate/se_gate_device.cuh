@@ -97,10 +97,10 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 #endif
 
-// One CTA per kImages consecutive images (more than one when there are plenty of
-// CTAs: the excite weights are then read once per group, not once per image).
-// The CTA's body (se_gate_kernel below; the CPU emulator calls it with its own shared memory,
-// `smem`: SmemLayout's floats, 16-byte aligned).
+// The body of one CTA, which takes kImages consecutive images (more than one when there are
+// plenty of CTAs: the excite weights are then read once per group, not once per image).
+// se_gate_kernel below runs it; the CPU emulator calls it with its own shared memory (`smem`:
+// SmemLayout's floats, 16-byte aligned).
 template <typename T, int kImages>
 __device__ __forceinline__ void se_gate_body(SeGateArgs const& a, float* smem) {
   int const HW = a.H * a.W;
