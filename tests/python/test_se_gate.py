@@ -24,10 +24,18 @@ def make(n, c, h, w, dtype, device, g, r=16):
     return out
 
 
+def excite64(t, h_bias=True):
+    """The float64 squeeze and excite: (means, gate)."""
+    d = {k: v.double().cpu() for k, v in t.items()}
+    h = d["h"] + d["hb"] if h_bias else d["h"]
+    means = h.mean((2, 3))
+    return means, torch.sigmoid(F.linear(torch.relu(F.linear(means, d["w1"], d["b1"])), d["w2"], d["b2"]))
+
+
 def reference(t, avgpool, h_bias=True):
     d = {k: v.double().cpu() for k, v in t.items()}
     h = d["h"] + d["hb"] if h_bias else d["h"]
-    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), d["w1"], d["b1"])), d["w2"], d["b2"]))
+    _, gate = excite64(t, h_bias)
     out = torch.relu(h * gate[:, :, None, None] + d["identity"] + d["idb"]) + d["pb"]
     pooled = F.avg_pool2d(out, 3, 2, 1, count_include_pad=True) if avgpool else None
     return out, pooled
@@ -113,14 +121,6 @@ def test_se_gate_unaligned_excite_weights(device, rng):
 
 
 # ---- se_squeeze + se_gate_apply: the same gate split around a caller's excite MLP --------
-
-def excite64(t, h_bias=True):
-    """The float64 squeeze and excite: (means, gate)."""
-    d = {k: v.double().cpu() for k, v in t.items()}
-    h = d["h"] + d["hb"] if h_bias else d["h"]
-    means = h.mean((2, 3))
-    return means, torch.sigmoid(F.linear(torch.relu(F.linear(means, d["w1"], d["b1"])), d["w2"], d["b2"]))
-
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
