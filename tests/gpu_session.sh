@@ -12,7 +12,7 @@
 # for an sdist in gpu_carry/, built on the device); reliability (fuzz, large
 # tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh); mlp-tests
 # (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
-# b2b:N (bench b2b, conv2d_b2b at batch N; into b2b_nN.json);
+# b2b:N (bench b2b, conv2d_b2b at batch N; into b2b_nN.json); se-excite:N (bench se-excite at batch N);
 # CvT (issue 20): cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
 # step), train-check-cvt.
 # The family-90 dgrad/wgrad kernels (built unless CUTLASS_OPS_SM90_BACKWARD=OFF is in the environment
@@ -179,6 +179,11 @@ for step in ${STEPS:-}; do
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops bench b2b --n "$n" ${B2B_ARGS:---hw 56 --c 64 --k 64 --k1 256} \
          --out "$OUT/b2b_n$n.json" ${BENCH_ARGS:-} 2> "$OUT/b2b_progress.log" | tee -a "$OUT/bench.txt") \
         || { echo "bench b2b N=$n: stopped (rc $?)"; tail -3 "$OUT/b2b_progress.log"; }
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    se-excite)  # bench se-excite at batch N: FusedResNet's SE gates, the excite loop vs a B2B GEMM, se_gate's map cache
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops bench se-excite --batch "$n" \
+         --out "$OUT/se_excite_n$n.json" ${BENCH_ARGS:-} 2> "$OUT/se_excite_progress.log" | tee -a "$OUT/bench.txt") \
+        || { echo "bench se-excite N=$n: stopped (rc $?)"; tail -3 "$OUT/se_excite_progress.log"; }
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     cvt-tests)  # FusedCvT and the CvT reference (CPU and CUDA tests)
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rs -k cvt \
