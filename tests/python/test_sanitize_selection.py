@@ -210,6 +210,24 @@ def test_se_gate_and_backward(shape, avgpool):
     assert all(torch.isfinite(t).all() for t in grads)
 
 
+@pytest.mark.parametrize("shape", ["one_image_per_cta", "grouped_images"])
+def test_se_gate_cached_maps_and_split_ops(shape, monkeypatch):
+    # The kernel's shared-memory map cache (cp.async; forced on at these small shapes) and its
+    # two split modes (se_squeeze, se_gate_apply).
+    monkeypatch.setenv("CUTLASS_OPS_SE_CACHE", "1")
+    h, idn, w1, b1, w2, b2 = _se_args(SE_SHAPES[shape])
+    idb, pb, hb = (torch.tensor(v, device="cuda") for v in (0.1, 0.2, 0.3))
+    out, _ = cutlass_ops.se_gate(h, idn, w1, b1, w2, b2, idb, pb, avgpool=True, h_bias=hb)
+    cpu = [t.double().cpu() for t in (h, idn, w1, b1, w2, b2, idb, pb, hb)]
+    ref = cutlass_ops.se_gate(*cpu[:8], avgpool=False, h_bias=cpu[8])
+    assert errors(out, ref)[0] < 1e-2
+    means = ops.se_squeeze(h, hb)
+    assert errors(means, (cpu[0] + cpu[8]).mean((2, 3)))[0] < 1e-2
+    gate = torch.sigmoid(F.linear(torch.relu(F.linear(means.float(), w1, b1)), w2, b2))
+    applied, _ = ops.se_gate_apply(h, idn, gate, idb, pb, avgpool=True, h_bias=hb)
+    assert errors(applied, ref)[0] < 1e-2
+
+
 def test_relu_backward():
     out = torch.relu(_r(3, 16, 5, 5, cl=True)) + 0.25
     grad = _r(3, 16, 5, 5, cl=True, seed=1)
