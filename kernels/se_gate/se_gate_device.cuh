@@ -124,18 +124,13 @@ __device__ __forceinline__ void se_gate_body(SeGateArgs const& a, float* smem) {
   int const chunks = images * HW * a.C / kVec;  // 16-byte chunks per map
   T* h_tile = reinterpret_cast<T*>(smem + layout.maps);
   T* id_tile = h_tile + size_t(kImages) * HW * a.C;
-  if (a.cache_maps && a.gate_in == nullptr) {
-    for (int i = tid; i < chunks; i += kThreads) copy16_async(h_tile + i * kVec, h + size_t(i) * kVec);
+  auto copy_map = [&](T* tile, T const* map) {  // one commit group
+    for (int i = tid; i < chunks; i += kThreads) copy16_async(tile + i * kVec, map + size_t(i) * kVec);
     copy_async_commit();
-  }
-  if (a.cache_maps && a.means_out == nullptr) {
-    for (int i = tid; i < chunks; i += kThreads) copy16_async(id_tile + i * kVec, idn + size_t(i) * kVec);
-    copy_async_commit();
-  }
-  if (a.cache_maps && a.gate_in != nullptr) {  // se_gate_apply: no squeeze, so h goes last
-    for (int i = tid; i < chunks; i += kThreads) copy16_async(h_tile + i * kVec, h + size_t(i) * kVec);
-    copy_async_commit();
-  }
+  };
+  if (a.cache_maps && a.gate_in == nullptr) copy_map(h_tile, h);
+  if (a.cache_maps && a.means_out == nullptr) copy_map(id_tile, idn);
+  if (a.cache_maps && a.gate_in != nullptr) copy_map(h_tile, h);  // se_gate_apply: no squeeze, h last
   T const* h_src = a.cache_maps ? h_tile : h;  // where the squeeze and the gating read h
   T const* id_src = a.cache_maps ? id_tile : idn;
 
