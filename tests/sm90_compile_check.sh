@@ -110,6 +110,28 @@ for cu in ${cus[@]+"${cus[@]}"}; do
     failed=$((failed + 1))
   fi
 done
+# The hand-written family-90 conv (persistent, one CTA per SM by its shared memory): it must
+# compile for sm_90a without spills or a ptxas C75xx warning.
+halo=$REPO/kernels/conv2d_fused/conv2d_fused_sm90_halo.cu
+if [ -z "$ONLY" ] || [[ $(basename "$halo") =~ $ONLY ]]; then
+  start=$SECONDS
+  if "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
+       -Xptxas -v -I"$CUTLASS/include" -I"$CUTLASS/tools/util/include" -I"$REPO/kernels" \
+       -c "$halo" -o "$OUT/halo.o" > "$OUT/halo.log" 2>&1; then
+    usage=$(grep -A3 "Compiling entry function '.*halo_conv_kernel" "$OUT/halo.log" |
+            grep -E -o "[0-9]+ bytes spill stores|Used [0-9]+ registers" | paste -sd, - || true)
+    if grep -q "C75[0-9][0-9]" "$OUT/halo.log" || echo "$usage" | grep -q -E "(^|,)[1-9][0-9]* bytes spill stores"; then
+      echo "FAIL conv2d_fused_sm90_halo ($((SECONDS - start)) s; $usage): spills or ptxas $(grep -o 'C75[0-9][0-9]' "$OUT/halo.log" | head -1)"
+      failed=$((failed + 1))
+    else
+      echo "ok   conv2d_fused_sm90_halo ($((SECONDS - start)) s; $usage)"
+      passed=$((passed + 1))
+    fi
+  else
+    echo "FAIL conv2d_fused_sm90_halo ($((SECONDS - start)) s)"; head -c 4000 "$OUT/halo.log"
+    failed=$((failed + 1))
+  fi
+fi
 # A generator that emits no Sm90 instance would otherwise "pass".
 [ $((passed + failed)) -gt 0 ] || { echo "error: no *_sm90_*.cu emitted" >&2; failed=1; }
 echo "$passed passed, $failed failed"

@@ -296,8 +296,10 @@ RESNET_SYSTEMS = ("FusedResNet", "FusedResNet graph=True", "eager NCHW",
                   "torch.compile max-autotune-no-cudagraphs channels_last + CUDA graph")
 # On sm90, FusedResNet with its conv kernel families fixed (CUTLASS_OPS_SM90 while its graph is
 # captured): 0 = the Ampere (family 80) kernels only, 1 = the Hopper (family 90) ones first; the
-# default systems above run what the profile decides per conv.
-FAMILY_SYSTEMS = ("FusedResNet graph=True CUTLASS_OPS_SM90=0", "FusedResNet graph=True CUTLASS_OPS_SM90=1")
+# default systems above run what the profile decides per conv.  CUTLASS_OPS_SM90_HALO=0: without
+# the hand-written halo kernel for block 0's convs (kernels/conv2d_fused/conv2d_fused_sm90_halo.cu).
+FAMILY_SYSTEMS = ("FusedResNet graph=True CUTLASS_OPS_SM90=0", "FusedResNet graph=True CUTLASS_OPS_SM90=1",
+                  "FusedResNet graph=True CUTLASS_OPS_SM90_HALO=0")
 RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default") + FAMILY_SYSTEMS
 
 
@@ -472,7 +474,7 @@ def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
     if name in FAMILY_SYSTEMS:
         from ..fused_resnet import FusedResNet
         model = FusedResNet.from_reference(ref, graph=True).eval()
-        with env_var("CUTLASS_OPS_SM90", name.rsplit("=", 1)[1]):
+        with env_var(*name.rsplit(" ", 1)[1].split("=")):
             model(x)  # captures its graph: the kernels chosen now are the ones it replays
         return lambda: model(x)
     if name == "TorchScript NCHW":

@@ -35,6 +35,13 @@ Sm90Policy sm90_policy_from_env() {
   return Sm90Policy::kProfiled;
 }
 
+// CUTLASS_OPS_SM90_HALO=0 (read per call): the automatic choice leaves the hand-written
+// family-90 kernels out (to compare against them; a forced one still runs).
+bool hand_written_kernels_from_env() {
+  char const* env = std::getenv("CUTLASS_OPS_SM90_HALO");
+  return env == nullptr || env[0] != '0';
+}
+
 }  // namespace
 
 Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,
@@ -110,7 +117,8 @@ Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optiona
   ForcedChoice const& forced_choice = forced_choice_slot();
   std::string const& forced = forced_choice.kernel;
   LaunchResult r = launch(a, cc, multiprocessor_count(dev), stream,
-                          forced.empty() ? nullptr : forced.c_str(), forced_choice.split_k);
+                          forced.empty() ? nullptr : forced.c_str(), forced_choice.split_k,
+                          hand_written_kernels_from_env());
   CUTLASS_OPS_CHECK_VALUE(r.kernel != nullptr || forced.empty(), "conv2d_fused: the forced kernel ",
                           forced, " cannot run this problem: ", r.why_not);
   if (r.kernel == nullptr) {
@@ -128,7 +136,11 @@ Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optiona
   return output;
 }
 
-std::vector<std::string> kernel_names() { return built_kernel_names(kKernels, kNumKernels); }
+std::vector<std::string> kernel_names() {
+  std::vector<std::string> names = built_kernel_names(kKernels, kNumKernels);
+  for (KernelEntry const* e : hand_written_kernels()) names.push_back(e->name);
+  return names;
+}
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/tile_order.h"
+#include "conv2d_fused/conv2d_fused_sm90_halo.h"
 
 namespace cutlass_ops {
 namespace conv2d_fused {
@@ -83,6 +84,14 @@ std::vector<int> families_to_try(std::vector<int> families, Sm90Policy policy,
   return families;
 }
 
+std::vector<KernelEntry const*> hand_written_kernels() {
+  std::vector<KernelEntry const*> kernels;
+#if CUTLASS_OPS_HAVE_SM90_HALO
+  for (int i = 0; i < kNumHaloKernels; ++i) kernels.push_back(&kHaloKernels[i]);
+#endif
+  return kernels;
+}
+
 int family_for_device(int cc) {
   std::vector<int> families = families_for_device(cc);
   return families.empty() ? 0 : families.front();
@@ -97,7 +106,7 @@ ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignm
 }
 
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
-                    char const* only, int forced_split_k) {
+                    char const* only, int forced_split_k, bool hand_written) {
   LaunchResult result;
   int max_align = channel_alignment(a);
   long long const gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
@@ -107,6 +116,27 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
   if (only == nullptr)
     families = families_to_try(families, a.act == Activation::kSilu ? Sm90Policy::kNever : a.sm90_policy,
                                profile_rule(a, 90, 8), profile_rule(a, 80, 8));
+  // The hand-written kernels first: each covers one problem class, where it measured faster
+  // than every generated kernel and cuDNN (conv2d_fused_sm90_halo.cu), and refuses the rest.
+  // Under the automatic choice they follow the family-90 policy (not with CUTLASS_OPS_SM90=0)
+  // and the caller's `hand_written` (CUTLASS_OPS_SM90_HALO=0: off).
+  for (KernelEntry const* e : hand_written_kernels()) {
+    std::vector<int> const device_families = families_for_device(cc);
+    bool const device_runs =
+        std::find(device_families.begin(), device_families.end(), e->family) != device_families.end();
+    bool const wanted = only != nullptr ? std::strcmp(only, e->name) == 0
+                                        : hand_written && a.sm90_policy != Sm90Policy::kNever &&
+                                              a.act != Activation::kSilu;
+    if (!device_runs || !wanted || e->dtype != a.dtype || forced_split_k > 1) continue;
+    cutlass::Status status = e->run(a, stream);
+    if (status == cutlass::Status::kSuccess || status == cutlass::Status::kErrorInternal) {
+      result.kernel = e;
+      result.status = status;
+      return result;
+    }
+    result.status = status;
+    result.why_not += std::string(e->name) + ": " + cutlassGetStatusString(status) + "; ";
+  }
   for (int family : families) {
     // Any alignment that divides the widest one also fits, so a build without (say) the
     // alignment-4 kernels still runs C=12 through the alignment-2 or -1 kernels.

@@ -63,6 +63,9 @@ std::vector<int> families_for_device(int cc);
 std::vector<int> families_to_try(std::vector<int> device_families, Sm90Policy policy,
                                  ProfileRule const* rule90, ProfileRule const* rule80);
 
+// The hand-written kernels of this build (conv2d_fused_sm90_halo.h), tried before the table's.
+std::vector<KernelEntry const*> hand_written_kernels();
+
 // The first of them (e.g. 90 for cc 90), 0 when none applies.
 int family_for_device(int cc);
 
@@ -98,10 +101,12 @@ struct LaunchResult {
 // can_implement() refuses the problem falls through to the next one, its reason recorded.
 // `only` (the profiler's forced kernel) restricts the choice to the entry of that name,
 // and `forced_split_k` > 0 fixes its split-K slices.
+// The hand-written kernels (hand_written_kernels()) come first, unless `hand_written` is false
+// (then only a forced one runs).
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).
 // A launch that failed returns its kernel with status kErrorInternal.
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
-                    char const* only = nullptr, int forced_split_k = 0);
+                    char const* only = nullptr, int forced_split_k = 0, bool hand_written = true);
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops
