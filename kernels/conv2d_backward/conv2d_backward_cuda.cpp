@@ -3,12 +3,14 @@
 // are multiples of 8 on sm80+, unless the build's profile measured cuDNN faster; else cuDNN
 // (through ATen).  Either way the FixUp scale is applied by our weight-sized kernels
 // (weight_grad_kernel.h): wgrad's epilogue pass, and the scaled operand cuDNN's dgrad reads.
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "common/cuda_device.h"
 #include "common/kernel_table.h"
 #include "conv2d_backward/conv2d_backward_dispatch.h"
+#include "conv2d_fused/conv2d_fused_dispatch.h"
 #include "conv2d_backward/conv2d_backward_op.h"
 #include "conv2d_backward/weight_grad_kernel.h"
 
@@ -86,6 +88,50 @@ Tensor scaled(Tensor const& t, Tensor const& scale_f, int dev) {
   return out;
 }
 
+// Block 0's dgrad (3x3, stride 1, pad 1, C = K = 64, 16-wide maps) is a stride-1 conv of dy
+// with the filter rotated by 180 degrees and its C and K swapped: conv2d_fused's hand-written
+// halo kernel runs it on sm90 (docs/experiments/sm90_halo_conv), unless a backward kernel is
+// forced, CUTLASS_OPS_SM90=0 or CUTLASS_OPS_SM90_HALO=0.  Undefined when it does not apply.
+Tensor dgrad_by_halo(Tensor const& dy, Tensor const& w, ConvShape const& s, IntArrayRef stride, IntArrayRef padding,
+                     float* scale, int dev) {
+  namespace fused = conv2d_fused;
+  char const* halo_env = std::getenv("CUTLASS_OPS_SM90_HALO");
+  if (!forced_choice_slot().kernel.empty() || sm90_policy_from_env() == Sm90Policy::kOff ||
+      (halo_env != nullptr && halo_env[0] == '0') || fused::hand_written_kernels().empty() ||
+      compute_capability(dev) != 90)
+    return Tensor();
+  if (!(s.C == 64 && s.K == 64 && s.R == 3 && s.S == 3 && stride[0] == 1 && stride[1] == 1 && padding[0] == 1 &&
+        padding[1] == 1 && s.P == s.H && s.Q == s.W))
+    return Tensor();  // the kernel's own run() checks the rest (width 16, height a multiple of 8)
+  // w'[c][k][r][s] = w[k][c][2-r][2-s], KRSC in memory as the kernel reads filters.
+  Tensor w_rot = torch::stable::contiguous(
+      torch::stable::transpose(aten_call("aten::flip", "", w, std::vector<int64_t>{2, 3}), 0, 1), kChannelsLast);
+  Tensor dx = empty({s.N, s.C, s.H, s.W}, dy.scalar_type(), dy.device(), kChannelsLast);
+  fused::Conv2dFusedArgs a{};
+  a.dtype = dy.scalar_type() == kHalf ? fused::DType::kF16 : fused::DType::kBF16;
+  a.N = s.N; a.H = s.P; a.W = s.Q; a.C = s.K;  // the conv's input is dy
+  a.K = s.C; a.R = 3; a.S = 3; a.P = s.H; a.Q = s.W;
+  a.pad_h = a.pad_w = 1; a.stride_h = a.stride_w = 1;
+  a.input = dy.data_ptr();
+  a.weight = w_rot.data_ptr();
+  a.output = dx.data_ptr();
+  a.scale = scale;
+  a.programmatic_launch = programmatic_launch_allowed(dev);
+  a.sm90_policy = fused::Sm90Policy::kFirst;
+  cudaStream_t stream = current_cuda_stream(dev);
+  for (fused::KernelEntry const* e : fused::hand_written_kernels()) {
+    if (e->dtype != a.dtype) continue;
+    cutlass::Status status = e->run(a, stream);
+    if (status == cutlass::Status::kErrorNotSupported) continue;
+    CUTLASS_OPS_CHECK(status == cutlass::Status::kSuccess, "conv2d_dgrad: kernel ", e->name, " failed: ",
+                      cudaGetErrorString(cudaGetLastError()));
+    CUTLASS_OPS_CUDA_CHECK(cudaGetLastError());
+    last_kernel_slot() = std::string(e->name) + " (dgrad: the rotated filter)";
+    return dx;
+  }
+  return Tensor();
+}
+
 }  // namespace
 
 Tensor conv2d_dgrad_cuda(Tensor const& grad_output, Tensor const& weight, IntArrayRef input_size, IntArrayRef stride,
@@ -105,6 +151,9 @@ Tensor conv2d_dgrad_cuda(Tensor const& grad_output, Tensor const& weight, IntArr
     return zeros({s.N, s.C, s.H, s.W}, grad_output.scalar_type(), grad_output.device());
   }
   Tensor dy = torch::stable::contiguous(grad_output, cl), w = torch::stable::contiguous(weight, cl);
+  if (Tensor dx = dgrad_by_halo(dy, w, s, stride, padding, scale ? scale_f.mutable_data_ptr<float>() : nullptr, dev);
+      dx.defined())
+    return dx;
   Conv2dBackwardArgs a = make_args(ConvKind::kDgrad, grad_output, s, stride, padding);
   a.grad_output = dy.data_ptr();
   a.weight = w.data_ptr();

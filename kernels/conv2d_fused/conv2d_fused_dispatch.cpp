@@ -84,11 +84,14 @@ std::vector<int> families_to_try(std::vector<int> families, Sm90Policy policy,
   return families;
 }
 
-std::vector<KernelEntry const*> hand_written_kernels() {
-  std::vector<KernelEntry const*> kernels;
+std::vector<KernelEntry const*> const& hand_written_kernels() {
+  static std::vector<KernelEntry const*> const kernels = [] {
+    std::vector<KernelEntry const*> list;
 #if CUTLASS_OPS_HAVE_SM90_HALO
-  for (int i = 0; i < kNumHaloKernels; ++i) kernels.push_back(&kHaloKernels[i]);
+    for (int i = 0; i < kNumHaloKernels; ++i) list.push_back(&kHaloKernels[i]);
 #endif
+    return list;
+  }();
   return kernels;
 }
 
@@ -120,8 +123,8 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
   // than every generated kernel and cuDNN (conv2d_fused_sm90_halo.cu), and refuses the rest.
   // Under the automatic choice they follow the family-90 policy (not with CUTLASS_OPS_SM90=0)
   // and the caller's `hand_written` (CUTLASS_OPS_SM90_HALO=0: off).
+  std::vector<int> const device_families = families_for_device(cc);
   for (KernelEntry const* e : hand_written_kernels()) {
-    std::vector<int> const device_families = families_for_device(cc);
     bool const device_runs =
         std::find(device_families.begin(), device_families.end(), e->family) != device_families.end();
     bool const wanted = only != nullptr ? std::strcmp(only, e->name) == 0

@@ -64,7 +64,7 @@ std::vector<int> families_to_try(std::vector<int> device_families, Sm90Policy po
                                  ProfileRule const* rule90, ProfileRule const* rule80);
 
 // The hand-written kernels of this build (conv2d_fused_sm90_halo.h), tried before the table's.
-std::vector<KernelEntry const*> hand_written_kernels();
+std::vector<KernelEntry const*> const& hand_written_kernels();
 
 // The first of them (e.g. 90 for cc 90), 0 when none applies.
 int family_for_device(int cc);

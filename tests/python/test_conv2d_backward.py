@@ -49,7 +49,9 @@ def _expect_kernel(device, dtype, case, kind):
     profile measured it faster (test_every_kernel covers every kernel regardless)."""
     name = cutlass_ops.ops.conv2d_backward_last_kernel()
     if device == "cuda" and dtype in LOW and case[1] % 8 == 0 and case[4] % 8 == 0:
-        assert name.startswith((f"cutlass_ops_conv2d_{kind}_", "aten (cuDNN: the profile")), name
+        # (block 0's dgrad on sm90: conv2d_fused's halo kernel on the rotated filter)
+        assert name.startswith((f"cutlass_ops_conv2d_{kind}_", "aten (cuDNN: the profile")) or (
+            kind == "dgrad" and "_sm90_halo" in name and name.endswith("(dgrad: the rotated filter)")), name
         if kind == "dgrad" and case[7] > 1:
             assert "_unity_" not in name, name
     else:

@@ -2,7 +2,8 @@
 stride 1, pad 1, C = K = 64, 16-wide maps, no residual.  Each forced by name against a float64
 reference (poisoned output memory, random non-zero FixUp scalars), every epilogue it takes, odd
 batches and heights, batches that leave a persistent CTA several tiles or none; the dispatcher
-picks it on sm90 for that class only; dependent launches and a CUDA graph replay.
+picks it on sm90 for that class only; dependent launches and a CUDA graph replay; conv2d_dgrad of
+the same problem through it (the rotated filter).
 
 Skipped without an sm90 GPU or when the build has no family-90 kernels."""
 import itertools
@@ -12,7 +13,7 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.ops import conv2d_fused_kernels
-from _helpers import HAS_CUDA, TOLERANCE, errors
+from _helpers import HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
 from test_conv2d_fused import random_case, reference
 from test_conv2d_fused_sm90 import run_checked
 
@@ -129,3 +130,33 @@ def test_dependent_chain_and_graph_replay(dtype, forced, rng):
     ref = reference(case["x"], case["w"], case["bias"], None, 1, 1, case["scale"], case["post_bias"], True)
     rel, mx = errors(out, ref)
     assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], f"{kernel}: graph rel {rel:.3e} max {mx:.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n, h", [(1, 16), (5, 8), (37, 24)], ids=lambda v: str(v))
+@pytest.mark.parametrize("scaled", [True, False], ids=["scale", "no_scale"])
+def test_dgrad(dtype, n, h, scaled, monkeypatch, rng):
+    """conv2d_dgrad of block 0's problem runs the halo kernel on the rotated filter (unless
+    CUTLASS_OPS_SM90_HALO=0), against float64: scale * dL/dx of a 3x3 stride-1 conv."""
+    def randn(*shape, std=1.0):
+        return (torch.randn(*shape, generator=rng, dtype=torch.float64) * std).to(dtype).cuda()
+    dy = randn(n, 64, h, 16).contiguous(memory_format=torch.channels_last)
+    w = randn(64, 64, 3, 3, std=576 ** -0.5)
+    scale = torch.tensor(0.5 + torch.rand((), generator=rng, dtype=torch.float64).item(),
+                         dtype=torch.float32, device="cuda") if scaled else None
+    ref = torch.nn.grad.conv2d_input((n, 64, h, 16), w.double().cpu(), dy.double().cpu(), 1, 1)
+    if scaled:
+        ref = ref * scale.double().cpu()
+    rel_tol, max_tol = TOLERANCE[dtype]
+    for halo_env in (None, "0"):
+        if halo_env is None:
+            monkeypatch.delenv("CUTLASS_OPS_SM90_HALO", raising=False)
+        else:
+            monkeypatch.setenv("CUTLASS_OPS_SM90_HALO", halo_env)
+        poison_cuda_cache(2 * n * 64 * h * 16 * 2)
+        dx = cutlass_ops.conv2d_dgrad(dy, w, (n, 64, h, 16), 1, 1, scale)
+        kernel = cutlass_ops.ops.conv2d_backward_last_kernel()
+        assert ("_halo" in kernel) == (halo_env is None), kernel
+        assert dx.shape == ref.shape and dx.dtype == dtype
+        rel, mx = errors(dx, ref)
+        assert rel <= rel_tol and mx <= max_tol, f"{kernel}: rel {rel:.3e} max {mx:.3e}"
