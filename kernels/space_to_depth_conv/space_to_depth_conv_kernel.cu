@@ -4,10 +4,15 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "common/dynamic_smem.h"
 #include "common/programmatic_launch.cuh"
+#include "space_to_depth_conv/space_to_depth_conv_fast.cuh"
 #include "space_to_depth_conv/space_to_depth_patches.cuh"
 
 namespace cutlass_ops {
@@ -132,8 +137,92 @@ __global__ void __launch_bounds__(kThreads) space_to_depth_conv_kernel(SpaceToDe
   }
 }
 
+// sm80+: the persistent cp.async + mma.sync kernel (space_to_depth_conv_fast.cuh).
+// No min-blocks hint: capping K=64 at 80 registers (three CTAs an SM) spills on sm90;
+// two CTAs (16 warps, up to 3 tiles each in flight) already keep ~70 KB of reads in flight.
+template <typename T, int kTilesN>
+__global__ void __launch_bounds__(32 * fast::kMaxWarps) space_to_depth_conv_fast_kernel(fast::FastParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // cp.async and mma.m16n8k16 need sm80; launched only there (launch_for_k)
+#else
+  wait_for_previous_grid();
+  extern __shared__ __align__(128) unsigned char smem[];
+  fast::fast_body<T, 16 * kTilesN>(p, smem, threadIdx.x);
+#endif
+}
+
+// Launches the fast kernel, or returns cudaErrorNotSupported (nothing launched) where its
+// shared memory does not fit the device.
+template <typename T, int kTilesN>
+cudaError_t launch_fast(SpaceToDepthConvArgs const& a, int device, cudaStream_t stream) {
+  constexpr int K = 16 * kTilesN;
+  auto kernel = space_to_depth_conv_fast_kernel<T, kTilesN>;
+  int max_smem = 0, sms = 0;
+  if (cudaError_t err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+      err != cudaSuccess)
+    return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
+    return err;
+  int warps = fast::kMaxWarps;
+  while (warps > 1 && fast::smem_bytes(a.C, K, warps) > size_t(max_smem)) --warps;
+  size_t const smem = fast::smem_bytes(a.C, K, warps);
+  if (smem > size_t(max_smem)) return cudaErrorNotSupported;
+
+  fast::FastParams p{};
+  p.input = a.input; p.weight = a.weight; p.output = a.output; p.post_bias = a.post_bias;
+  // A size-1 dimension's stride is never applied: zero, so it cannot spoil the alignment test.
+  p.stride_n = a.N == 1 ? 0 : a.stride_n;
+  p.stride_c = a.C == 1 ? 0 : a.stride_c;
+  p.stride_h = a.stride_h; p.stride_w = a.stride_w;
+  p.C = a.C; p.P = a.H / kBlock; p.Q = a.W / kBlock; p.M = a.N * p.P * p.Q;
+  p.warps = warps;
+  p.relu = a.relu;
+  auto const addr = reinterpret_cast<std::uintptr_t>(a.input);
+  auto all_multiple = [&](int64_t e) {
+    return p.stride_n % e == 0 && p.stride_c % e == 0 && p.stride_h % e == 0 && addr % (2 * e) == 0;
+  };
+  p.mode = p.stride_w != 1 ? fast::kScalar
+           : (a.W % 8 == 0 && all_multiple(8)) ? fast::kVec16  // pixel pairs never straddle rows
+           : all_multiple(4) ? fast::kVec8 : fast::kScalar;
+
+  if (cudaError_t err = allow_dynamic_smem(kernel, smem); err != cudaSuccess) return err;
+  // CTAs per SM, per (device, warps, shared memory): the occupancy query, once.
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, size_t>, int> per_sm_cache;
+  int per_sm = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto key = std::make_tuple(device, warps, smem);
+    auto it = per_sm_cache.find(key);
+    if (it != per_sm_cache.end()) {
+      per_sm = it->second;
+    } else {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * warps, smem) != cudaSuccess ||
+          per_sm < 1) {
+        cudaGetLastError();  // not this launch's error: one CTA per SM
+        per_sm = 1;
+      }
+      per_sm_cache.emplace(key, per_sm);
+    }
+  }
+  long long const tiles = (static_cast<long long>(p.M) + fast::kTileM - 1) / fast::kTileM;
+  long long const needed = (tiles + warps - 1) / warps, cap = static_cast<long long>(sms) * per_sm;
+  unsigned const grid = static_cast<unsigned>(needed < cap ? needed : cap);
+  return launch_kernel<space_to_depth_conv_fast_kernel<T, kTilesN>>(grid, 32 * warps, smem, stream,
+                                                                    a.programmatic_launch, p);
+}
+
 template <typename T, int kTilesN>
 cudaError_t launch_typed(SpaceToDepthConvArgs const& a, cudaStream_t stream) {
+  int device = 0, major = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); err != cudaSuccess)
+    return err;
+  if (major >= 8) {
+    cudaError_t err = launch_fast<T, kTilesN>(a, device, stream);
+    if (err != cudaErrorNotSupported) return err;
+  }
+  // sm70/75 (fp16), or too little shared memory for the fast kernel: the WMMA kernel.
   Smem s = smem_layout<T>(a.C, a.K);
   auto kernel = space_to_depth_conv_kernel<T, kTilesN>;
   if (cudaError_t err = allow_dynamic_smem(kernel, s.total()); err != cudaSuccess) return err;

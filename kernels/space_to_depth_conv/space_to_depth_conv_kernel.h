@@ -2,7 +2,9 @@
 // user's NCHW input directly (no layout pass): a ResNet stem.  Equivalent to a 4x4
 // stride-4 conv whose weight is the 1x1 weight re-indexed as (dy, dx, c).
 //   y[n, k, p, q] = act(sum_{dy, dx, c} x[n, c, 4p+dy, 4q+dx] * w[k, dy*4C + dx*C + c]) + post_bias
-// Tensor-core (WMMA 16x16x16, float32 accumulate) kernel; 128 output pixels per CTA.
+// Tensor cores, float32 accumulate: on sm80+ a persistent cp.async + mma.sync kernel
+// (space_to_depth_conv_fast.cuh), else (or where its shared memory does not fit) a WMMA
+// kernel with 128 output pixels per CTA.
 // No torch here: the op entry point (space_to_depth_conv_cuda.cpp) calls the launcher.
 #pragma once
 

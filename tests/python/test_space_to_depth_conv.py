@@ -22,6 +22,10 @@ def make(n, c, h, w, k, dtype, device, g, layout="nchw"):
         x = x.contiguous(memory_format=torch.channels_last)
     elif layout == "sliced":  # a non-contiguous view: every other image of a bigger batch
         x = torch.randn(2 * n, c, h, w, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)[::2]
+    elif layout == "offset":  # rows 8-byte but not 16-byte aligned: the kernel's 8-byte copies
+        x = torch.randn(n, c, h, w + 4, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)[..., 4:]
+    elif layout == "strided_w":  # stride_w = 2: the kernel's element loads
+        x = torch.randn(n, c, h, 2 * w, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)[..., ::2]
     wt = (torch.randn(k, 16 * c, 1, 1, generator=g, dtype=torch.float64) / (16 * c) ** 0.5).to(device=device, dtype=dtype)
     post = torch.randn((), generator=g, dtype=torch.float64).float().to(device)
     return x, wt, post
@@ -57,12 +61,32 @@ def test_matches_float64(device, dtype, shape, relu):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["channels_last", "sliced"])
-def test_any_input_layout(device, layout):
+@pytest.mark.parametrize("layout", ["channels_last", "sliced", "offset", "strided_w"])
+@pytest.mark.parametrize("c", [1, 3, 11])
+def test_any_input_layout(device, layout, c):
     g = torch.Generator().manual_seed(5)
-    x, wt, post = make(3, 3, 16, 16, 64, torch.float16, device, g, layout)
-    rel, _ = errors(cutlass_ops.space_to_depth_conv(x, wt, post, relu=True), reference(x, wt, post, True))
+    x, wt, post = make(3, c, 16, 16, 64, torch.float16, device, g, layout)
+    y = cutlass_ops.space_to_depth_conv(x, wt, post, relu=True)
+    rel, _ = errors(y, reference(x, wt, post, True))
     assert rel <= TOLERANCE[torch.float16][0]
+    # Every way the CUDA kernel reads its input (16-byte, 8-byte copies, element loads) gives
+    # the same bits as from a contiguous copy.
+    if device == "cuda":
+        assert torch.equal(y, cutlass_ops.space_to_depth_conv(x.contiguous(), wt, post, relu=True))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_large_batch(dtype):
+    """Enough tiles that every warp of the persistent kernel takes several (its ring of staged
+    tiles wraps): 64x64 (16-byte copies), and 60x60 (8-byte copies; M = 601 * 225, a partial
+    last tile)."""
+    g = torch.Generator().manual_seed(8)
+    for n, h, w in ((600, 64, 64), (601, 60, 60)):
+        x, wt, post = make(n, 3, h, w, 64, dtype, "cuda", g)
+        y = cutlass_ops.space_to_depth_conv(x, wt, post, relu=True)
+        rel, mx = errors(y, reference(x, wt, post, True))
+        assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], (n, w, rel, mx)
 
 
 def test_space_to_depth_round_trip_and_channel_order():
