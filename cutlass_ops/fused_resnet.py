@@ -4,7 +4,7 @@ Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``;
 the forward differs.  Per forward (16 kernels):
 
   stem      space_to_depth_conv:        SpaceToDepth(4) + 1x1 conv + ReLU read from the NCHW
-                                        input (a WMMA kernel), + block 0's fixup_bias1a
+                                        input (a tensor-core kernel), + block 0's fixup_bias1a
   per block conv1  conv2d_fused 3x3:    relu(acc + b1b) + b2a     (= conv2's padded input)
             downsample (blocks 1-3):    conv2d_fused 1x1 on the pooled map the previous
                                         block's se_gate wrote (AvgPool2d(3, 2, 1) fused there);
@@ -187,7 +187,7 @@ class FusedResNet(SEResNet9FixUp):
         xa = space_to_depth_conv(x, cast(self.stem[1].weight), b1a0, relu=True)
         if report is not None:
             half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-            report.append(("stem", tuple(xa.shape), "space_to_depth_conv WMMA kernel" if half else "aten"))
+            report.append(("stem", tuple(xa.shape), "space_to_depth_conv kernel" if half else "aten"))
         # Cached for inference; recomputed (one tiny kernel) when b1a needs a gradient.
         neg_b1a0 = -b1a0 if torch.is_grad_enabled() and b1a0.requires_grad else \
             self._cached("neg_b1a0", b1a0, lambda t: -t)

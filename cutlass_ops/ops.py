@@ -325,7 +325,8 @@ def space_to_depth_conv(input: torch.Tensor, weight: torch.Tensor, post_bias: Sc
     of output pixel (p, q), i.e. ``x.view(N,C,H/4,4,W/4,4).permute(0,3,5,1,2,4)``; the
     whole op equals a 4x4 stride-4 conv.  weight: (K, 16C, 1, 1).  H and W must be
     multiples of 4.  fp16/bf16 on CUDA with C <= 16 and K in {32, 64, 128} run a
-    tensor-core (WMMA) kernel; other cases the ATen composite.  Returns (N, K, H/4, W/4)
+    tensor-core kernel (sm80+: persistent, cp.async + mma.sync; sm70/75: WMMA); other cases
+    the ATen composite.  Returns (N, K, H/4, W/4)
     in channels_last memory.
     """
     return torch.ops.cutlass_ops.space_to_depth_conv(input, weight, _as_tensor(post_bias, input),
@@ -353,8 +354,8 @@ def space_to_depth_conv_weight_grad(grad: torch.Tensor, input: torch.Tensor, out
 
     ``out`` is the forward's saved output (pass it when the forward had ``relu=True``).
     grad_weight and sums are float32 (float64 for float64 inputs).  fp16/bf16 on CUDA with
-    the forward kernel's shapes run a WMMA kernel (the patch matrix built as the forward
-    builds it); other cases the ATen composite.
+    the forward kernel's shapes run a WMMA kernel (the patch matrix rebuilt from the input, as
+    the WMMA forward kernel builds it); other cases the ATen composite.
     """
     return torch.ops.cutlass_ops.space_to_depth_conv_weight_grad(grad, input, out, _as_tensor(post_bias, input))
 
