@@ -4,7 +4,8 @@
 # this warm machine, the test command, the gradient table, then benchmark steps, each under
 # its own timeout so that a slow one still leaves the others' results:
 #   STEPS="train:512 train:2048 resnet:128 resnet:512 resnet:2048"
-# and for the Hopper-native kernels: sm90-tests, sm90-sweep, profile90 (profile the family-90
+# and for the Hopper-native kernels: sm90-tests, sm90-sweep, halo-sweep (docs/experiments/sm90_halo_conv:
+# build and run its variants against the persistent baseline and cuDNN), profile90 (profile the family-90
 # kernels into profiles/<gpu>/sm90.csv, returned as $OUT/sm90.csv, and rebuild with it),
 # resnet-sm90:N, train-sm90:N (CUTLASS_OPS_SM90=1; into resnet_sm90.json / train_sm90.json),
 # resnet-sm80:N, train-sm80:N (CUTLASS_OPS_SM90=0); wheel-tests[:1|2|3] (the GPU tests, or a third, against a
@@ -200,6 +201,14 @@ for step in ${STEPS:-}; do
     train-check-cvt)  # 50 steps, FusedCvT vs the reference, float32 weights + fp16 autocast
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m cutlass_ops train-check-cvt --steps 50 --n 16 --amp fp16 \
          --out "$OUT/train_check_cvt" 2>&1 | tail -4)
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    halo-sweep)  # docs/experiments/sm90_halo_conv: the halo variants, the persistent baseline, cuDNN
+      { B=/tmp/halo_build PYTHON=$PYTHON timeout "$limit" bash docs/experiments/sm90_halo_conv/build.sh &&
+        /tmp/halo_build/sweep_bench --variant haloT_t128x64_s6_w0,haloT_t128x64_s6,halo_t128x64_s6,pp_t128x64_s6_tmav \
+          --out "$OUT/halo_sweep.jsonl" &&
+        "$PYTHON" docs/experiments/sm90_conv3x_fprop/cudnn_fprop.py --json "$OUT/halo_cudnn.json"; } \
+        > /tmp/halo_sweep.txt 2>&1 || echo "$step: stopped (rc $?)"
+      grep -v "cannot implement\|ptxas\|bytes stack\|Compile time\|Function properties" /tmp/halo_sweep.txt | tail -30
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-sweep)  # docs/experiments/sm90_conv3x_fprop: stock sm90 fprop variants vs cuDNN
       OUT=$OUT timeout "$limit" bash docs/experiments/sm90_conv3x_fprop/run_sweep.sh > /tmp/sm90_sweep.txt 2>&1 \
