@@ -3,7 +3,6 @@
 // are multiples of 8 on sm80+, unless the build's profile measured cuDNN faster; else cuDNN
 // (through ATen).  Either way the FixUp scale is applied by our weight-sized kernels
 // (weight_grad_kernel.h): wgrad's epilogue pass, and the scaled operand cuDNN's dgrad reads.
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -95,9 +94,8 @@ Tensor scaled(Tensor const& t, Tensor const& scale_f, int dev) {
 Tensor dgrad_by_halo(Tensor const& dy, Tensor const& w, ConvShape const& s, IntArrayRef stride, IntArrayRef padding,
                      float* scale, int dev) {
   namespace fused = conv2d_fused;
-  char const* halo_env = std::getenv("CUTLASS_OPS_SM90_HALO");
   if (!forced_choice_slot().kernel.empty() || sm90_policy_from_env() == Sm90Policy::kOff ||
-      (halo_env != nullptr && halo_env[0] == '0') || fused::hand_written_kernels().empty() ||
+      !fused::hand_written_kernels_from_env() || fused::hand_written_kernels().empty() ||
       compute_capability(dev) != 90)
     return Tensor();
   if (!(s.C == 64 && s.K == 64 && s.R == 3 && s.S == 3 && stride[0] == 1 && stride[1] == 1 && padding[0] == 1 &&

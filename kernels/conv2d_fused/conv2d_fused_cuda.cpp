@@ -35,13 +35,6 @@ Sm90Policy sm90_policy_from_env() {
   return Sm90Policy::kProfiled;
 }
 
-// CUTLASS_OPS_SM90_HALO=0 (read per call): the automatic choice leaves the hand-written
-// family-90 kernels out (to compare against them; a forced one still runs).
-bool hand_written_kernels_from_env() {
-  char const* env = std::getenv("CUTLASS_OPS_SM90_HALO");
-  return env == nullptr || env[0] != '0';
-}
-
 }  // namespace
 
 Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& bias,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -93,6 +94,11 @@ std::vector<KernelEntry const*> const& hand_written_kernels() {
     return list;
   }();
   return kernels;
+}
+
+bool hand_written_kernels_from_env() {
+  char const* env = std::getenv("CUTLASS_OPS_SM90_HALO");
+  return env == nullptr || env[0] != '0';
 }
 
 int family_for_device(int cc) {

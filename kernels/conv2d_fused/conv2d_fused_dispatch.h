@@ -66,6 +66,10 @@ std::vector<int> families_to_try(std::vector<int> device_families, Sm90Policy po
 // The hand-written kernels of this build (conv2d_fused_sm90_halo.h), tried before the table's.
 std::vector<KernelEntry const*> const& hand_written_kernels();
 
+// CUTLASS_OPS_SM90_HALO (read per call): false when it is 0, i.e. the automatic choice (the
+// forward's and conv2d_dgrad's) leaves the hand-written kernels out; a forced one still runs.
+bool hand_written_kernels_from_env();
+
 // The first of them (e.g. 90 for cc 90), 0 when none applies.
 int family_for_device(int cc);
 
