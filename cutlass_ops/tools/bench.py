@@ -517,7 +517,10 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
     """One FusedResNet forward's kernels (kernel_us: (name, µs) in launch order, from its
     device-time measurement) as layers: each conv's TFLOP/s and fraction of the dense fp16
     peak; each memory-bound kernel's (stem, se_gate) compulsory bytes, TB/s and fraction of
-    HBM bandwidth.  Empty when the kernel sequence is not the one expected (16 kernels)."""
+    HBM bandwidth.  Every row also gets its bound, `bound_us`: the time at the datasheet peak of
+    whichever resource binds it (its FLOPs at the tensor-core peak or its compulsory bytes,
+    each map read once and written once, at HBM bandwidth), and `fraction_of_bound`.
+    Empty when the kernel sequence is not the one expected (16 kernels)."""
     from ..models import SEResNet9FixUp
     from ..small_map_conv import runs_dense
     model = SEResNet9FixUp(in_channels)
@@ -528,16 +531,19 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
     for i, blk in enumerate(blocks):
         k, st = blk.conv1.out_channels, blk.conv1.stride[0]
         out = (hw - 1) // st + 1
-        expected.append((f"layers.{i}.conv1 3x3/{st} {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c * 9, 0))
+        act_in, act = 2 * n * c * hw * hw, 2 * n * k * out * out  # bytes of the input and output maps
+        expected.append((f"layers.{i}.conv1 3x3/{st} {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c * 9,
+                         act_in + act + 2 * k * c * 9))
         if runs_dense(out, out, 3, 3):  # a dense layer on the whole map: the FLOPs it executes
             expected.append((f"layers.{i}.conv2 as dense {k * out * out}->{k * out * out}", "conv",
-                             2.0 * n * (k * out * out) ** 2, 0))
+                             2.0 * n * (k * out * out) ** 2, 2 * act + 2 * (k * out * out) ** 2))
         else:
-            expected.append((f"layers.{i}.conv2 3x3/1 {k}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * k * 9, 0))
-        if blk.downsample is not None:
-            expected.append((f"layers.{i}.downsample 1x1 {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c, 0))
+            expected.append((f"layers.{i}.conv2 3x3/1 {k}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * k * 9,
+                             2 * act + 2 * k * k * 9))
+        if blk.downsample is not None:  # on the map se_gate pooled
+            expected.append((f"layers.{i}.downsample 1x1 {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c,
+                             act_in // 4 + act + 2 * k * c))
         pool_next = i + 1 < len(blocks) and blocks[i + 1].downsample is not None
-        act = 2 * n * k * out * out  # bytes of one activation map
         # se_gate: reads h and the identity, writes out (and the pooled map for the next block)
         expected.append((f"layers.{i}.se_gate", "se_gate", 0.0, 3 * act + (act // 4 if pool_next else 0)))
         hw, c = out, k
@@ -556,20 +562,29 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
         else:
             row["tb_s"] = nbytes / (us * 1e-6) / 1e12
             row["fraction_of_hbm_peak"] = row["tb_s"] / peaks["hbm_tb_s_datasheet"]
+        row["bound_us"] = max(flops / (peaks["tflops_dense_fp16_datasheet"] * 1e12),
+                              nbytes / (peaks["hbm_tb_s_datasheet"] * 1e12)) * 1e6
+        row["fraction_of_bound"] = row["bound_us"] / us
         rows.append(row)
     return rows
 
 
 def print_layer_table(n: int, layers: list[dict]) -> None:
     print(f"per layer, one FusedResNet forward at N={n} (device µs from torch.profiler; convs: TFLOP/s and "
-          f"fraction of dense fp16 peak; stem and se_gate: compulsory HBM bytes / time and fraction of HBM peak):")
+          f"fraction of dense fp16 peak; stem and se_gate: compulsory HBM bytes / time and fraction of HBM peak; "
+          f"bound: the time at the peak of the binding resource, and the kernel's fraction of it):")
     for r in layers:
         if "tflops" in r:
             rate = f"{r['tflops']:6.0f} TFLOP/s  {100 * r['fraction_of_tensor_peak']:5.1f}% of peak"
         else:
             rate = f"{r['tb_s']:6.2f} TB/s     {100 * r['fraction_of_hbm_peak']:5.1f}% of HBM"
         family = "sm90" if "sm90" in r["kernel"] else "sm80" if "conv2d_fused" in r["kernel"] else ""
-        print(f"  {r['layer']:<40} {r['us']:7.1f} us  {rate}  {family}")
+        print(f"  {r['layer']:<40} {r['us']:7.1f} us  {rate}  bound {r['bound_us']:6.1f} us "
+              f"({100 * r['fraction_of_bound']:3.0f}%)  {family}")
+    measured, bound = sum(r["us"] for r in layers), sum(r["bound_us"] for r in layers)
+    if measured > 0:
+        print(f"  {'sum':<40} {measured:7.1f} us  bound {bound:.1f} us: the kernels at "
+              f"{100 * bound / measured:.0f}% of their bounds")
 
 
 def _systems(rows) -> list:

@@ -43,5 +43,12 @@ def test_layer_table_maps_kernels_to_layers():
     se0 = layers[3]  # reads h and the identity, writes out and the 4x smaller pooled map
     assert abs(se0["tb_s"] - 2 * 2048 * 64 * 256 * 3.25 / 100e-6 / 1e12) < 1e-6
     assert "dense" in layers[13]["layer"] and "tflops" in layers[13]
+    # bounds: block 0's conv reads and writes a 2048x64x16x16 map (and its 74 KB filter) at 3.35 TB/s,
+    # a little longer than its FLOPs take at 989 TFLOP/s; se_gate moves only bytes
+    conv1_bytes = 2 * (2 * 2048 * 64 * 256) + 2 * 64 * 64 * 9
+    assert abs(conv1["bound_us"] - conv1_bytes / 3.35e12 * 1e6) < 1e-6
+    assert conv1_bytes / 3.35e12 > 2 * 2048 * 256 * 64 * 64 * 9 / 989e12
+    assert abs(se0["bound_us"] - 2 * 2048 * 64 * 256 * 3.25 / 3.35e12 * 1e6) < 1e-6
+    assert all(abs(r["fraction_of_bound"] - r["bound_us"] / 100.0) < 1e-12 for r in layers)
     assert layer_table(2048, kernels[:-1], 3, peaks) == []               # a kernel missing
     assert layer_table(2048, [(se, 1.0)] + kernels[1:], 3, peaks) == []  # not the stem first
