@@ -1,5 +1,6 @@
 """cutlass-ops (or python -m cutlass_ops): what was built and what this machine has (info), a
-quick demo, benchmarks against PyTorch's best (bench), the kernel per layer (layers), training
+quick demo, benchmarks against PyTorch's best (bench) and their saved results reprinted (report),
+the kernel per layer (layers), training
 checks against the reference networks (train-check, train-check-cvt) and the profiler sweep
 that writes profiles/ (profile).  `cutlass-ops COMMAND --help` for each."""
 from __future__ import annotations
@@ -173,6 +174,32 @@ def bench_mlp_cmd(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """Reprint saved `bench resnet` / `bench train` JSON as bench printed it (the per-layer table
+    recomputed, with its bounds); no GPU needed."""
+    from .tools.bench import print_resnet_table
+    from .tools.train_bench import print_train_table
+    status = 0
+    for path in args.files:
+        try:
+            result = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            print(f"report: {path}: {err}", file=sys.stderr)
+            status = 2
+            continue
+        rows = result.get("rows") if isinstance(result, dict) else None
+        if not rows or not all(isinstance(r, dict) and "results" in r for r in rows):
+            print(f"report: {path}: not the JSON of `bench resnet` or `bench train` (no rows of results)",
+                  file=sys.stderr)
+            status = 2
+            continue
+        # bench resnet's rows carry the accuracy check and its result the GPU's peaks; train's neither
+        is_resnet = "peaks" in result and "fused_vs_eager_rel_error" in rows[0]
+        print(f"== {path}")
+        (print_resnet_table if is_resnet else print_train_table)(result)
+    return status
+
+
 def bench_resnet_cmd(args) -> int:
     from .tools.bench import bench_resnet, plot_resnet, print_resnet_table
     out = Path(args.out if args.out != "bench_results/conv.json" else "bench_results/resnet.json")
@@ -344,6 +371,11 @@ def main(argv=None) -> int:
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)
+    rep = sub.add_parser("report", help="reprint the tables of saved `bench resnet` / `bench train` JSON "
+                                        "(e.g. docs/results/*/*.json), the per-layer table with each kernel's "
+                                        "bound; no GPU needed")
+    rep.add_argument("files", nargs="+", help="JSON files that bench resnet or bench train wrote")
+    rep.set_defaults(fn=cmd_report)
     lay = sub.add_parser("layers", help="the kernel FusedResNet runs for each conv layer (tile, "
                                         "alignment, split-K) at given batch sizes")
     lay.add_argument("--batch", type=int, nargs="+", default=[1, 128, 2048])

@@ -52,3 +52,21 @@ def test_layer_table_maps_kernels_to_layers():
     assert all(abs(r["fraction_of_bound"] - r["bound_us"] / 100.0) < 1e-12 for r in layers)
     assert layer_table(2048, kernels[:-1], 3, peaks) == []               # a kernel missing
     assert layer_table(2048, [(se, 1.0)] + kernels[1:], 3, peaks) == []  # not the stem first
+
+
+def test_report_reprints_saved_results(tmp_path):
+    """`report` reads what bench resnet / bench train saved (here a committed H100 run) and prints
+    the same tables, the per-layer bounds included; anything else is refused by name."""
+    import pathlib
+    results = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "h100_session19"
+    r = cli("report", str(results / "K_resnet_n2048_peers.json"), str(results / "M_train_n2048_halo_dgrad.json"))
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "FusedResNet forward (inference)" in out and "FusedResNet training step" in out
+    assert "layers.0.conv1 3x3/1 64->64 16x16" in out and "of their bounds" in out
+    assert "= 0.72x" in out  # the saved run's throughput ratio, recomputed from its numbers
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": [{"n": 1}]}')
+    r = cli("report", str(other), str(tmp_path / "missing.json"))
+    assert r.returncode == 2
+    assert "not the JSON of `bench resnet` or `bench train`" in r.stderr and "missing.json" in r.stderr
