@@ -1,8 +1,8 @@
 """cutlass-ops (or python -m cutlass_ops): what was built and what this machine has (info), a
 quick demo, benchmarks against PyTorch's best (bench) and their saved results reprinted (report),
-the kernel per layer (layers), training
-checks against the reference networks (train-check, train-check-cvt) and the profiler sweep
-that writes profiles/ (profile).  `cutlass-ops COMMAND --help` for each."""
+the kernel per layer (layers), training checks against the reference networks (train-check,
+train-check-cvt) and the profiler sweep that writes profiles/ (profile).  `cutlass-ops COMMAND
+--help` for each."""
 from __future__ import annotations
 
 import argparse
