@@ -65,8 +65,11 @@ def test_report_reprints_saved_results(tmp_path):
     assert "FusedResNet forward (inference)" in out and "FusedResNet training step" in out
     assert "layers.0.conv1 3x3/1 64->64 16x16" in out and "of their bounds" in out
     assert "= 0.72x" in out  # the saved run's throughput ratio, recomputed from its numbers
-    other = tmp_path / "other.json"
+    other, older = tmp_path / "other.json", tmp_path / "older.json"
     other.write_text('{"rows": [{"n": 1}]}')
-    r = cli("report", str(other), str(tmp_path / "missing.json"))
+    older.write_text('{"dtype": "float16", "in_channels": 3, "rows": [{"n": 1, "results": {"FusedResNet": {"ms": 1}}}]}')
+    r = cli("report", str(other), str(older), str(tmp_path / "missing.json"))
     assert r.returncode == 2
-    assert "not the JSON of `bench resnet` or `bench train`" in r.stderr and "missing.json" in r.stderr
+    assert r.stderr.count("not the JSON of `bench resnet` or `bench train`") == 2, r.stderr
+    assert "'FusedResNet' lacks the metrics" in r.stderr and "missing.json" in r.stderr
+    assert "Traceback" not in r.stderr
