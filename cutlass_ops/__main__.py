@@ -174,29 +174,10 @@ def bench_mlp_cmd(args) -> int:
     return 0
 
 
-REPORT_METRICS = ("throughput_ms", "latency_ms", "device_ms", "kernels", "setup_s", "peak_mem_mib")
-
-
-def _not_a_bench_table(result) -> str:
-    """Why `result` is not what bench resnet / bench train write (empty when it is): rows of
-    {n, results: {system: REPORT_METRICS, or an error}}, with the dtype and C_in."""
-    if not isinstance(result, dict) or not isinstance(result.get("rows"), list) or not result["rows"]:
-        return "no rows"
-    if "dtype" not in result or "in_channels" not in result:
-        return "no dtype or in_channels"
-    for row in result["rows"]:
-        if not isinstance(row, dict) or "n" not in row or not isinstance(row.get("results"), dict):
-            return "a row without n or results"
-        for system, r in row["results"].items():
-            if not isinstance(r, dict) or ("error" not in r and not all(m in r for m in REPORT_METRICS)):
-                return f"{system!r} lacks the metrics {', '.join(REPORT_METRICS)} (an older bench?)"
-    return ""
-
-
 def cmd_report(args) -> int:
     """Reprint saved `bench resnet` / `bench train` JSON as bench printed it (the per-layer table
     recomputed, with its bounds); no GPU needed."""
-    from .tools.bench import print_resnet_table
+    from .tools.bench import not_a_systems_table, print_resnet_table
     from .tools.train_bench import print_train_table
     status = 0
     for path in args.files:
@@ -206,15 +187,14 @@ def cmd_report(args) -> int:
             print(f"report: {path}: {err}", file=sys.stderr)
             status = 2
             continue
-        why = _not_a_bench_table(result)
+        why = not_a_systems_table(result)
         if why:
             print(f"report: {path}: not the JSON of `bench resnet` or `bench train` as written today ({why})",
                   file=sys.stderr)
             status = 2
             continue
-        rows = result["rows"]
         # bench resnet's rows carry the accuracy check and its result the GPU's peaks; train's neither
-        is_resnet = "peaks" in result and "fused_vs_eager_rel_error" in rows[0]
+        is_resnet = "peaks" in result and "fused_vs_eager_rel_error" in result["rows"][0]
         print(f"== {path}")
         (print_resnet_table if is_resnet else print_train_table)(result)
     return status

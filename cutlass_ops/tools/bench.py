@@ -270,6 +270,26 @@ def report_row(progress, label: str, results: dict) -> None:
         progress(f"  {label} done: {name}: {times}")
 
 
+# What print_systems reads of each system (besides "error" for one that failed).
+SYSTEM_COLUMNS = (*METRIC_NAMES, "kernels", "setup_s", "peak_mem_mib")
+
+
+def not_a_systems_table(result) -> str:
+    """Why `result` is not what bench resnet / bench train write (empty when it is): rows of
+    {n, results: {system: SYSTEM_COLUMNS, or an error}}, with the dtype and C_in."""
+    if not isinstance(result, dict) or not isinstance(result.get("rows"), list) or not result["rows"]:
+        return "no rows"
+    if "dtype" not in result or "in_channels" not in result:
+        return "no dtype or in_channels"
+    for row in result["rows"]:
+        if not isinstance(row, dict) or "n" not in row or not isinstance(row.get("results"), dict):
+            return "a row without n or results"
+        for system, r in row["results"].items():
+            if not isinstance(r, dict) or ("error" not in r and not all(c in r for c in SYSTEM_COLUMNS)):
+                return f"{system!r} lacks the metrics {', '.join(SYSTEM_COLUMNS)} (an older bench?)"
+    return ""
+
+
 def print_systems(results: dict, indent: str = "  ") -> None:
     """One line per system (throughput, latency, device time, setup) and the ratios."""
     print(f"{indent}{'system':58s} {'throughput':>10s} {'latency':>9s} {'device':>8s} {'kernels':>7s} "
