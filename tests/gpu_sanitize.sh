@@ -10,7 +10,7 @@
 # (PYTORCH_NO_CUDA_MEMORY_CACHING=1: memcheck then sees every allocation's own bounds, not
 # the caching allocator's block), and the graph tests ("-k graph") with it on (capture needs
 # it).  Writes the per-tool error counts, and the kernels the errors name, to
-# $OUT/sanitize_summary.txt (or docs/results/sanitize_summary.txt without $OUT), the full
+# $OUT/sanitize_summary.txt (or gpu_results/sanitize_summary.txt without $OUT), the full
 # logs beside it (sanitize_<tool>.log).  Exits nonzero if any tool reports an error, fails
 # a test, or runs past its time limit (CUTLASS_OPS_SANITIZE_TIMEOUT seconds per tool run,
 # default 150).
@@ -20,7 +20,7 @@ PYTHON=${PYTHON:-python3}
 SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 TOOLS=${CUTLASS_OPS_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 LIMIT=${CUTLASS_OPS_SANITIZE_TIMEOUT:-150}
-DEST=${OUT:-docs/results}
+DEST=${OUT:-gpu_results}
 mkdir -p "$DEST"
 SUMMARY="$DEST/sanitize_summary.txt"
 

@@ -135,7 +135,7 @@ def _check_grads(dtype, device, bound):
     """float64: every gradient within `bound`.  fp16/bf16: rounding the activations to 16
     bits leaves the FixUp scalars' gradients (sums of 10^4-10^6 terms that largely cancel)
     off by tens of percent or more, in PyTorch's own run of the module as much as in ours,
-    and which of the two is closer changes with the input (docs/results/grads_seeds_h100.txt:
+    and which of the two is closer changes with the input (docs/benchmarks/resnet/h100_gradient_errors_six_inputs.txt:
     over six seeds in bf16 the worst scalar was off by 4.7x in FusedResNet and by 15x in
     PyTorch).  So in 16 bits the check is on the tensor gradients (conv and SE weights, the
     input) over four seeds, relative to PyTorch's runs: their RMS relative error no worse than

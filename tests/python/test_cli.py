@@ -58,8 +58,8 @@ def test_report_reprints_saved_results(tmp_path):
     """`report` reads what bench resnet / bench train saved (here a committed H100 run) and prints
     the same tables, the per-layer bounds included; anything else is refused by name."""
     import pathlib
-    results = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "h100_session19"
-    r = cli("report", str(results / "K_resnet_n2048_peers.json"), str(results / "M_train_n2048_halo_dgrad.json"))
+    results = pathlib.Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "resnet"
+    r = cli("report", str(results / "h100_inference_n2048.json"), str(results / "h100_train_n2048_halo.json"))
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     assert "FusedResNet forward (inference)" in out and "FusedResNet training step" in out
