@@ -2,7 +2,7 @@
 has one sample, the input is contiguous (NCHW) and grad_output has channels_last strides
 with a batch stride other than C*H*W (legal: the batch dim has size 1).
 
-Found 2026-11-25 with torch 2.14.1 (CPU) while testing FusedCvT: CvT's dw_bn projection
+Found with torch 2.14.1 (CPU) while testing FusedCvT: CvT's dw_bn projection
 (depthwise conv -> BatchNorm2d -> 'b c h w -> b (h w) c') produces exactly this at batch 1,
 so the reference CvT module (and microsoft/CvT's original code) trains with wrong gradients
 at batch 1 on the CPU; FusedCvT, whose conv output is channels_last, does not hit it

@@ -1,4 +1,4 @@
-"""Which cuDNN kernels write the weight gradients that conv2d_wgrad's epilogue reads (issue 22:
+"""Which cuDNN kernels write the weight gradients that conv2d_wgrad's epilogue reads (compute-sanitizer's
 initcheck flags those reads in FusedResNet's backward, but not after the same cuDNN call made
 alone)?  Lists the CUDA kernels of every conv2d_wgrad call in a FusedResNet training step, then
 of the same aten.convolution_backward made alone for block 3's 512->512 3x3 conv.  On a GPU:
