@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .bench import environment, time_cuda, write_json
-from ..giou import giou_loss_padded, giou_loss_ragged
+from ..ops import giou_loss_padded, giou_loss_ragged
 
 
 def _giou_formula(boxes1, boxes2, reduction="none", eps=1e-7):

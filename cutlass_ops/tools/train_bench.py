@@ -12,7 +12,7 @@ setup time (compile, autotune, capture) and peak memory.
 The peers: eager channels_last + a CUDA graph; torch.compile mode="max-autotune" on the NCHW
 and on the channels_last model (forward, loss and backward compiled; its own CUDA graphs,
 cudagraph trees); and mode="max-autotune-no-cudagraphs" captured in one CUDA graph by hand.
-FusedResNet's backward (cutlass_ops/autograd.py): the conv2d_dgrad/conv2d_wgrad ops
+FusedResNet's backward (cutlass_ops/ops/): the conv2d_dgrad/conv2d_wgrad ops
 (generated CUTLASS kernels, or cuDNN where the build's profile measured it faster) plus our
 kernels for the epilogues and se_gate.  Each row also records a per-kernel breakdown of one
 FusedResNet step (printed for the largest batch).

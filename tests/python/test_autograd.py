@@ -309,7 +309,7 @@ def test_training_step_in_a_cuda_graph_matches_eager():
 def test_wgrads_finish_late_only_for_single_use_leaves_without_grad_or_hooks():
     # A captured backward lets a wgrad finish at the end of the pass only when nothing reads
     # its gradient before then (autograd.stored_as_is): guard every case that would.
-    from cutlass_ops.autograd import single_use_declared, stored_as_is, weights_used_once
+    from cutlass_ops.streams import single_use_declared, stored_as_is, weights_used_once
     w = torch.nn.Parameter(torch.randn(3))
     assert stored_as_is(None, used_once=False)  # no such gradient
     assert stored_as_is(w, used_once=True)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import cutlass_ops
-from cutlass_ops import autograd
+from cutlass_ops import streams as autograd  # the stream and DDP policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_ppo.py"
 SMALL = ["--base-planes", "16", "--image", "32"]  # the same network, narrower: seconds on 2 cores
