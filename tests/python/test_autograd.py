@@ -286,7 +286,7 @@ def test_mixed_precision_training_with_grad_scaler():
 def test_training_step_in_a_cuda_graph_matches_eager():
     """A captured fwd+bwd step (the backward's wgrads then run on a side stream beside the
     dgrads) gives the eager step's gradients, for an input other than the captured one."""
-    from cutlass_ops.tools.bench import graphed
+    from cutlass_ops.tools.timing import graphed
     g = torch.Generator().manual_seed(11)
     ref = randomize_(SEResNet9FixUp(3), g).to(device="cuda", dtype=torch.float16)
     model = cutlass_ops.FusedResNet.from_reference(ref).train()

@@ -1,4 +1,4 @@
-"""FusedResNet under torch DistributedDataParallel (issue 23), through examples/ddp_ppo.py
+"""FusedResNet under torch DistributedDataParallel, through examples/ddp_ppo.py
 launched by torchrun with two processes: on the CPU with gloo (runs in CI), and on GPUs with
 NCCL (skipped without two GPUs) or two processes sharing one GPU through gloo.
 
