@@ -4,13 +4,12 @@
     y = cutlass_ops.conv2d_fused(x, w, bias, stride=1, padding=1, relu=True)
 
 Ops live under ``torch.ops.cutlass_ops``; this package loads the compiled library,
-registers the fake (meta) implementations for torch.compile, and adds Python wrappers
-(``ops.py``) and nn modules (``nn.py``).
+registers the fake (meta) implementations for torch.compile and the autograd formulas, and
+adds Python wrappers (``ops/``, one module per op family) and nn modules (``nn.py``).
 """
 from ._library import build_info, cuda_kernels_built
-from .ops import conv2d_b2b, conv2d_dgrad, conv2d_fused, conv2d_fused_last_kernel, conv2d_wgrad, se_gate, space_to_depth_conv
-from . import autograd  # noqa: F401  (registers the backward of the ops above)
-from .giou import giou_loss, giou_loss_padded, giou_loss_ragged
+from .ops import (conv2d_b2b, conv2d_dgrad, conv2d_fused, conv2d_fused_last_kernel, conv2d_wgrad, giou_loss,
+                  giou_loss_padded, giou_loss_ragged, se_gate, space_to_depth_conv)
 from .nn import FusedConv2d, FusedConvPair
 from .fused_resnet import FusedResNet
 from .mlp import FusedMLP

@@ -1,4 +1,4 @@
-"""FusedResNet: SE-ResNet9-FixUp from fused kernels (the backward: cutlass_ops/autograd.py).
+"""FusedResNet: SE-ResNet9-FixUp from fused kernels (the backward: the ops' autograd, cutlass_ops/ops/).
 
 Same parameters and state_dict names as the reference ``models.SEResNet9FixUp``; only
 the forward differs.  Per forward (16 kernels):
@@ -30,7 +30,7 @@ import contextlib
 import torch
 from torch import nn
 
-from .autograd import weights_used_once
+from .streams import weights_used_once
 from .models import SEFixupBasicBlock, SEResNet9FixUp
 from .ops import conv2d_fused, conv2d_fused_last_kernel, se_gate, space_to_depth_conv
 from .small_map_conv import dense_conv_weight, runs_dense, small_map_conv
@@ -41,7 +41,7 @@ class FusedResNet(SEResNet9FixUp):
 
     ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
     output tensor is then reused by the next call of that shape: clone it to keep it).
-    Training works (cutlass_ops/autograd.py: CUTLASS or, where the profile measured it
+    Training works (cutlass_ops/ops/: CUTLASS or, where the profile measured it
     faster, cuDNN dgrad/wgrad, and our kernels for the epilogues' and the SE gate's backward).
     FixUp scalars and SE weights stay float32 whatever the model dtype: they are tiny and
     the kernels use them in float32.
@@ -160,7 +160,7 @@ class FusedResNet(SEResNet9FixUp):
     def _fused_forward(self, x: torch.Tensor, report: list | None = None, autocast_dtype=None) -> torch.Tensor:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             # Each conv weight and FixUp scale goes to one op: in a captured backward their
-            # wgrads may finish at the end of the pass (autograd.weights_used_once; declared
+            # wgrads may finish at the end of the pass (streams.weights_used_once; declared
             # only here, the one place it is used, so torch.compile need not trace it).
             with weights_used_once():
                 return self._fused_ops(x, report, autocast_dtype)

@@ -9,7 +9,7 @@ which does H*W/(R*S) of the implicit GEMM's work (4/9 at 2x2).
   backward: grad_h as the dense layer's conv2d_dgrad (the same saving); grad_w and
             grad_scale from the 3x3 conv's conv2d_wgrad (the dense weight's own gradient
             would then need summing over the taps back into w); under CUDA-graph capture
-            the wgrad runs on a side stream beside the dgrad, as in autograd.py.
+            the wgrad runs on a side stream beside the dgrad, as in ops/conv2d_fused.py.
 The dense weight is one gather kernel, rebuilt on every training forward (the weight
 trains; FusedResNet issues it on a side stream at the start of a captured forward);
 inference caches it (FusedResNet._cached).
@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from .autograd import fork_side_stream, join_side_stream, single_use_declared, stored_as_is, use_side_stream
+from .streams import fork_side_stream, join_side_stream, single_use_declared, stored_as_is, use_side_stream
 from .ops import conv2d_dgrad, conv2d_fused, conv2d_wgrad
 
 

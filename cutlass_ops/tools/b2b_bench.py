@@ -7,7 +7,7 @@ call, and in a CUDA graph); its "two_convs" path, our own two unfused conv2d_fus
 CUDA graph (what the fusion saves over them);
 eager PyTorch (NCHW; channels_last + CUDA graph, i.e. cuDNN); torch.compile max-autotune
 (channels_last; and no-cudagraphs captured by hand).  Throughput, latency and device time
-(bench.measure_systems), the ratios of our best to the best peer per metric, the fused
+(systems.measure_systems), the ratios of our best to the best peer per metric, the fused
 result's error against float64 and the kernel that ran.
 
     python -m cutlass_ops bench b2b --n 128 --hw 56 --c 64 --k 64 --k1 256
@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .bench import graphed, hand_graphed_compile, measure_systems, print_systems, ratios
+from .systems import measure_systems, print_systems, ratios
+from .timing import graphed, hand_graphed_compile
 
 B2B_SYSTEMS = ("Fused conv2d_b2b", "Fused conv2d_b2b + CUDA graph", "Fused conv2d_fused x2 (unfused) + CUDA graph",
                "eager NCHW", "eager channels_last + CUDA graph", "torch.compile max-autotune channels_last",

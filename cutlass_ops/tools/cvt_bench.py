@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .bench import env_var, graphed, hand_graphed_compile, measure_systems, plot_systems, print_systems, ratios
+from .systems import measure_systems, plot_systems, print_systems, ratios
+from .timing import env_var, graphed, hand_graphed_compile
 from ..models.cvt import cvt13, cvt_flops, CVT13_SPEC
 from ..fused_cvt import FusedCvT
 from .train_check import plot, train_losses
@@ -288,7 +289,7 @@ def plot_curves(result: dict, path: Path) -> None:
 
 
 def train_check_main(args) -> int:
-    from .bench import environment
+    from .timing import environment
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     amp = dtypes[args.amp] if args.amp else None
     if amp is not None and args.dtype != "fp32":

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from ..fused_cvt import FusedCvT
 from ..models.cvt import merge_heads, split_heads
-from .bench import device_time, time_throughput
+from .timing import device_time, time_throughput
 
 PARTS = ("embedding", "norm", "projection", "attention", "MLP")
 

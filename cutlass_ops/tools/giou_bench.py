@@ -13,7 +13,7 @@ predictions, by:
   torchvision (ragged input)     torchvision on boxes already concatenated (no preparation)
 
 Each timing covers the whole loss: the data preparation the method needs (slicing, cat,
-mask), the forward and the backward.  CUDA events, warm-up, medians (bench.time_cuda).
+mask), the forward and the backward.  CUDA events, warm-up, medians (timing.time_cuda).
 
     python -m cutlass_ops.tools.giou_bench [out.json]
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from .bench import environment, time_cuda, write_json
-from ..giou import giou_loss_padded, giou_loss_ragged
+from .timing import environment, time_cuda, write_json
+from ..ops import giou_loss_padded, giou_loss_ragged
 
 
 def _giou_formula(boxes1, boxes2, reduction="none", eps=1e-7):

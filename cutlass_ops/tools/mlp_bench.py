@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn as nn
 
-from .bench import device_time, env_var, graphed, gpu_peaks, time_cuda, time_throughput
+from .timing import device_time, env_var, gpu_peaks, graphed, time_cuda, time_throughput
 from ..mlp import FusedMLP
 
 

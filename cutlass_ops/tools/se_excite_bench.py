@@ -1,7 +1,6 @@
 """SE excite benchmark (not a test): FusedResNet's squeeze-excitation gate with its excite MLP
 (fc1 -> ReLU -> fc2 -> sigmoid) as the loop inside `se_gate` against the same MLP as a
-back-to-back GEMM kernel (issue 19: "measure the SE excite MLP as a B2B GEMM against today's
-loop, and keep the faster").
+back-to-back GEMM kernel, to keep whichever form is faster.
 
 The B2B GEMM cannot sit inside se_gate's kernel: the excite needs every pixel's squeeze first,
 and a CTA holds 1-8 images, i.e. a GEMM of 1-8 rows. So the B2B form is the gate split in three:
@@ -15,7 +14,7 @@ Systems per SE shape of FusedResNet (base planes 64, 64x64 input; with block 0-2
 AvgPool2d), each captured in a CUDA graph as FusedResNet graph=True runs it; eager channels_last
 + CUDA graph for scale; and se_gate with its maps (h, identity) always read from global
 memory (CUTLASS_OPS_SE_CACHE=0) and always cached in shared memory where they fit (=1); the
-default caches them only where h outgrows half of L2. Throughput, latency and device time (bench.measure_systems).
+default caches them only where h outgrows half of L2. Throughput, latency and device time (systems.measure_systems).
 
     python -m cutlass_ops bench se-excite --batch 128 2048
 """
@@ -25,7 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .bench import env_var, graphed, measure_systems
+from .systems import measure_systems
+from .timing import env_var, graphed
 
 # (C, H, W, avgpool, post_bias): FusedResNet's four SE gates at a 64x64 input (SE ratio 16).
 SE_SHAPES = ((64, 16, 16, True, True), (128, 8, 8, True, True), (256, 4, 4, True, True), (512, 2, 2, False, False))

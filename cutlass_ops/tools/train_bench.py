@@ -5,14 +5,14 @@ running the reference module as its best users run it, in one process.
 
 A step is: gradients set to None, forward, loss = mean(out^2) in float32, backward.  The
 optimizer update is left out (it is the same for every system).  Each system is timed in the
-three metrics of bench.measure_systems, one system after the other (throughput: K back-to-back steps between two CUDA
+three metrics of systems.measure_systems, one system after the other (throughput: K back-to-back steps between two CUDA
 events; latency: one synchronized step; device time: the profiler's kernel sum), with its
 setup time (compile, autotune, capture) and peak memory.
 
 The peers: eager channels_last + a CUDA graph; torch.compile mode="max-autotune" on the NCHW
 and on the channels_last model (forward, loss and backward compiled; its own CUDA graphs,
 cudagraph trees); and mode="max-autotune-no-cudagraphs" captured in one CUDA graph by hand.
-FusedResNet's backward (cutlass_ops/autograd.py): the conv2d_dgrad/conv2d_wgrad ops
+FusedResNet's backward (cutlass_ops/ops/): the conv2d_dgrad/conv2d_wgrad ops
 (generated CUTLASS kernels, or cuDNN where the build's profile measured it faster) plus our
 kernels for the epilogues and se_gate.  Each row also records a per-kernel breakdown of one
 FusedResNet step (printed for the largest batch).
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .bench import graphed, measure_systems, plot_systems, print_systems, ratios
+from .systems import measure_systems, plot_systems, print_systems, ratios
+from .timing import graphed
 
 # Timed one after the other (measure_systems(interleave=False)), hand-captured graphs first.
 TRAIN_SYSTEMS = ("FusedResNet", "FusedResNet + CUDA graph", "eager channels_last + CUDA graph",

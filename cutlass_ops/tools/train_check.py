@@ -97,7 +97,7 @@ def main(args) -> int:
     amp = dtypes[args.amp] if args.amp else None
     if amp is not None and args.dtype != "fp32":
         raise SystemExit("train-check: --amp keeps float32 weights; leave --dtype at fp32")
-    from .bench import environment
+    from .timing import environment
     result = train_curves(args.steps, args.n, 3, args.device, dtypes[args.dtype], amp_dtype=amp)
     result["environment"] = environment()  # GPU and versions, beside the curves
     out = Path(args.out)

@@ -286,7 +286,7 @@ def test_mixed_precision_training_with_grad_scaler():
 def test_training_step_in_a_cuda_graph_matches_eager():
     """A captured fwd+bwd step (the backward's wgrads then run on a side stream beside the
     dgrads) gives the eager step's gradients, for an input other than the captured one."""
-    from cutlass_ops.tools.bench import graphed
+    from cutlass_ops.tools.timing import graphed
     g = torch.Generator().manual_seed(11)
     ref = randomize_(SEResNet9FixUp(3), g).to(device="cuda", dtype=torch.float16)
     model = cutlass_ops.FusedResNet.from_reference(ref).train()
@@ -309,7 +309,7 @@ def test_training_step_in_a_cuda_graph_matches_eager():
 def test_wgrads_finish_late_only_for_single_use_leaves_without_grad_or_hooks():
     # A captured backward lets a wgrad finish at the end of the pass only when nothing reads
     # its gradient before then (autograd.stored_as_is): guard every case that would.
-    from cutlass_ops.autograd import single_use_declared, stored_as_is, weights_used_once
+    from cutlass_ops.streams import single_use_declared, stored_as_is, weights_used_once
     w = torch.nn.Parameter(torch.randn(3))
     assert stored_as_is(None, used_once=False)  # no such gradient
     assert stored_as_is(w, used_once=True)

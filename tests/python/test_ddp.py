@@ -1,4 +1,4 @@
-"""FusedResNet under torch DistributedDataParallel (issue 23), through examples/ddp_ppo.py
+"""FusedResNet under torch DistributedDataParallel, through examples/ddp_ppo.py
 launched by torchrun with two processes: on the CPU with gloo (runs in CI), and on GPUs with
 NCCL (skipped without two GPUs) or two processes sharing one GPU through gloo.
 
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import cutlass_ops
-from cutlass_ops import autograd
+from cutlass_ops import streams as autograd  # the stream and DDP policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_ppo.py"
 SMALL = ["--base-planes", "16", "--image", "32"]  # the same network, narrower: seconds on 2 cores

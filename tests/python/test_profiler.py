@@ -6,9 +6,10 @@ import torch
 
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
-from cutlass_ops.tools.profiler import (COLUMNS, _BACKWARD_NAME, _BACKWARD_NAME90, _NAME, _NAME90, backward_families,
-                                  gpu_slug, kernel_families, problems_from_model, resnet_problems,
-                                  sm90_wgrad_slice_candidates, split_k_candidates, sweep, sweep_backward)
+from cutlass_ops.tools.profiler import (COLUMNS, _NAME, _NAME90, gpu_slug, kernel_families, problems_from_model,
+                                        resnet_problems, split_k_candidates, sweep)
+from cutlass_ops.tools.profiler_backward import (_BACKWARD_NAME, _BACKWARD_NAME90, backward_families,
+                                                 sm90_wgrad_slice_candidates, sweep_backward)
 from _helpers import HAS_CUDA
 
 

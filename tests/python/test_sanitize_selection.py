@@ -388,7 +388,7 @@ def test_fused_resnet_training_step():
 def test_fused_resnet_training_step_graph():
     if UNCACHED:
         pytest.skip("CUDA graphs need the caching allocator")
-    from cutlass_ops.tools.bench import graphed
+    from cutlass_ops.tools.timing import graphed
     model = _model().train()
     x = _r(2, 3, 64, 64)
     replay = graphed(lambda: _train_step(model, x))

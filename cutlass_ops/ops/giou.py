@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from . import _library  # noqa: F401  (loads the op library)
+from .. import _library  # noqa: F401  (loads the op library)
 
 
 def _as_float(boxes: torch.Tensor, name: str = "boxes") -> torch.Tensor:
