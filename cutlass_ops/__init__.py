@@ -12,9 +12,10 @@ from .ops import (conv2d_b2b, conv2d_dgrad, conv2d_fused, conv2d_fused_last_kern
                   giou_loss_padded, giou_loss_ragged, se_gate, space_to_depth_conv)
 from .nn import FusedConv2d, FusedConvPair
 from .fused_resnet import FusedResNet
-from .mlp import FusedMLP
+from .fused_mlp import FusedMLP
 from .fused_cvt import FusedCvT
+from .options import CvTOptions, MlpOptions
 
-__all__ = ["conv2d_b2b", "conv2d_fused", "conv2d_fused_last_kernel", "conv2d_dgrad", "conv2d_wgrad", "se_gate", "space_to_depth_conv", "FusedConv2d", "FusedConvPair", "FusedResNet", "FusedMLP", "FusedCvT",
+__all__ = ["conv2d_b2b", "conv2d_fused", "conv2d_fused_last_kernel", "conv2d_dgrad", "conv2d_wgrad", "se_gate", "space_to_depth_conv", "FusedConv2d", "FusedConvPair", "FusedResNet", "FusedMLP", "FusedCvT", "CvTOptions", "MlpOptions",
            "giou_loss", "giou_loss_padded", "giou_loss_ragged", "build_info", "cuda_kernels_built"]
 __version__ = "0.1.0"

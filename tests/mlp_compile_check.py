@@ -1,4 +1,4 @@
-"""Compile-check generated FusedMLP kernels with nvcc, no GPU needed (issue 19).
+"""Compile-check generated FusedMLP kernels with nvcc, no GPU needed.
 
     PYTHONPATH=python python tests/mlp_compile_check.py [--arch 80 --arch 90] [--quick] [--keep DIR]
 
@@ -87,7 +87,7 @@ def main() -> int:
         spec = trace_mlp(model, None)
         for dtype in dtypes:
             for arch, inplace in [(a, ip) for a in archs for ip in (True, False)]:
-                # both shapes FusedMLP builds (mlp._inplace_allowed): the forwards' (in place where
+                # both shapes FusedMLP builds (mlp_jit.config): the forwards' (in place where
                 # it applies, relu_128x6 on sm90) and the backward's (never in place), where they differ
                 src, cfg = emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")], inplace=inplace)
                 if not inplace and not emit(spec, dtype, SMEM_LIMIT[arch.rstrip("a")], inplace=True)[1].inplace:

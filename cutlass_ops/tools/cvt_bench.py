@@ -18,12 +18,13 @@ stage 3) for training.
 
 FusedCvT is fused only in parts: two conv embeddings, its LayerNorms with the residual adds
 (forward and backward), QuickGELU as one SiLU, and in inference each attention's q/k/v
-depthwise convs as one kernel (cutlass_ops/fused_cvt.py); the rest is PyTorch.
+depthwise convs as one kernel (cutlass_ops/fused_cvt.py, fused_cvt_blocks.py); the rest is PyTorch.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -35,38 +36,27 @@ from .systems import measure_systems, plot_systems, print_systems, ratios
 from .timing import env_var, graphed, hand_graphed_compile
 from ..models.cvt import cvt13, cvt_flops, CVT13_SPEC
 from ..fused_cvt import FusedCvT
+from ..options import CvTOptions
 from .train_check import plot, train_losses
 
-# FusedCvT's switchable paths (fused_cvt.py), by the switches set while its CUDA graph is
-# captured: the default fuses the LayerNorms (layer_norm_rows), runs QuickGELU as one SiLU and
-# (eval, autograd off) each attention's three dw_bn projections as one dw_conv3x3_tokens kernel
-# and (eval, autograd off, sm90) each MLP's fc1 with its SiLU as one linear_silu kernel and
-# (autograd off) stage 1's embedding as one conv_embed kernel (all timed faster); the variants
-# turn one off ("unfused LN", "QuickGELU", "no LN/SiLU fusion", "cuDNN embedding": cuDNN's conv,
-# a bias pass and the LayerNorm kernel for stage 1's embedding,
-# "cuDNN dw convs": cuDNN's depthwise conv per projection with the dw_bn bias in the q/k/v
-# Linears; "dw bias after conv": the same with the bias added after the conv; "cuBLAS fc1":
-# cuBLAS's fc1 and a SiLU pass; "strip dw kernel": dw_conv3x3_tokens's strip kernel instead of
-# its tiled one; "residual adds apart": the residual adds in the LayerNorm kernels and a pass at
-# each stage's end instead of the GEMMs' epilogues, linear_residual), or turn on an opt-in one:
-# each block's norm1 inside the dw kernel ("norm1 in dw", layer_norm_dw_conv3x3_tokens), stage
-# 1's MLP as one FusedMLP kernel ("FusedMLP"), each MLP's fc1 with its SiLU as one conv2d_fused
-# kernel ("SiLU epilogue", inference); in training, the Linears' bias gradients as ATen's column sums instead of GEMVs
-# ("bias grad by sum", cutlass_ops/linear.py).
+# FusedCvT's switchable paths: the default runs every fused kernel (CvTOptions, all timed
+# faster); each variant turns one off ("unfused LN": ATen's add and LayerNorm; "cuBLAS fc1":
+# cuBLAS's fc1 and a SiLU pass; "cuDNN dw convs": cuDNN's depthwise conv per projection with the
+# dw_bn bias in the q/k/v Linears; "cuDNN embedding": cuDNN's conv, a bias pass and the
+# LayerNorm kernel for stage 1's embedding; "residual adds apart": the residual adds in the
+# LayerNorm kernels and a pass at each stage's end instead of the GEMMs' epilogues), or, through
+# an environment variable read per call by the op (set while the CUDA graph is captured), runs
+# dw_conv3x3_tokens's strip kernel instead of its tiled one ("strip dw kernel",
+# CUTLASS_OPS_DW_TILE=0) or, in training, the Linears' bias gradients as ATen's column sums
+# instead of GEMVs ("bias grad by sum", CUTLASS_OPS_LINEAR_BGRAD=sum, cutlass_ops/linear.py).
 FUSED_CVT_VARIANTS = {
-    "FusedCvT unfused LN + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0"},
-    "FusedCvT QuickGELU + CUDA graph": {"CUTLASS_OPS_CVT_SILU_MLP": "0"},
-    "FusedCvT no LN/SiLU fusion + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0"},
-    "FusedCvT FusedMLP + CUDA graph": {"CUTLASS_OPS_CVT_FUSED_MLP": "1"},
-    "FusedCvT SiLU epilogue + CUDA graph": {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"},
-    "FusedCvT cuBLAS fc1 + CUDA graph": {"CUTLASS_OPS_CVT_LINEAR_SILU": "0"},
-    "FusedCvT cuDNN dw convs + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
-    "FusedCvT cuDNN embedding + CUDA graph": {"CUTLASS_OPS_CVT_CONV_EMBED": "0"},
-    "FusedCvT dw bias after conv + CUDA graph": {"CUTLASS_OPS_CVT_DW_TOKENS": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"},
+    "FusedCvT unfused LN + CUDA graph": {"fused_layer_norm": False},
+    "FusedCvT cuBLAS fc1 + CUDA graph": {"linear_silu": False},
+    "FusedCvT cuDNN dw convs + CUDA graph": {"dw_tokens": False},
+    "FusedCvT cuDNN embedding + CUDA graph": {"conv_embed": False},
+    "FusedCvT residual adds apart + CUDA graph": {"residual_gemm": False},
     "FusedCvT bias grad by sum + CUDA graph": {"CUTLASS_OPS_LINEAR_BGRAD": "sum"},
     "FusedCvT strip dw kernel + CUDA graph": {"CUTLASS_OPS_DW_TILE": "0"},
-    "FusedCvT residual adds apart + CUDA graph": {"CUTLASS_OPS_CVT_RESIDUAL_GEMM": "0"},
-    "FusedCvT norm1 in dw + CUDA graph": {"CUTLASS_OPS_CVT_NORM1_IN_DW": "1"},
 }
 CVT_INFER_SYSTEMS = ("FusedCvT", "FusedCvT + CUDA graph", *FUSED_CVT_VARIANTS, "eager NCHW",
                      "eager channels_last + CUDA graph",
@@ -85,12 +75,19 @@ def cvt_reference(dtype=torch.float16, device="cuda", seed: int = 0):
     return cvt13().to(device=device, dtype=dtype)
 
 
+def _variant_options(name: str) -> CvTOptions:
+    """The CvTOptions of FusedCvT variant `name` (the defaults for other systems)."""
+    fields = {k: v for k, v in FUSED_CVT_VARIANTS.get(name, {}).items() if not k.startswith("CUTLASS_OPS_")}
+    return dataclasses.replace(CvTOptions(), **fields)
+
+
 @contextlib.contextmanager
 def _variant_env(name: str):
-    """The switches of FusedCvT variant `name` set (none for other systems)."""
+    """The environment variables of FusedCvT variant `name` set (none for other systems)."""
     with contextlib.ExitStack() as stack:
         for var, value in FUSED_CVT_VARIANTS.get(name, {}).items():
-            stack.enter_context(env_var(var, value))
+            if var.startswith("CUTLASS_OPS_"):
+                stack.enter_context(env_var(var, value))
         yield
 
 
@@ -104,7 +101,7 @@ def _no_grad(fn):
 def _infer_system(name: str, ref, x):
     """The callable to time for inference system `name` (models built from copies of `ref`)."""
     if name.startswith("FusedCvT"):
-        fused = FusedCvT.from_reference(ref).eval()
+        fused = FusedCvT.from_reference(ref, _variant_options(name)).eval()
         call = _no_grad(lambda: fused(x))
         if name == "FusedCvT":
             return call
@@ -132,7 +129,7 @@ def _infer_system(name: str, ref, x):
 def _train_system(name: str, ref, x):
     from .train_bench import _loss, _step_fn  # the FusedResNet training bench's step
     if name.startswith("FusedCvT"):
-        model = FusedCvT.from_reference(ref).train()
+        model = FusedCvT.from_reference(ref, _variant_options(name)).train()
     else:
         model = copy.deepcopy(ref).train()
     if "channels_last" in name:

@@ -1,4 +1,4 @@
-"""``bench cvt-ops``: CvT-13's parts one at a time, FusedCvT's path against the reference's (issue 20's
+"""``bench cvt-ops``: CvT-13's parts one at a time, FusedCvT's path against the reference's (a
 per-op table), forward and forward + backward, at each stage's shapes.
 
     python -m cutlass_ops bench cvt-ops --n 64          # 224x224 fp16, stages 1-3, JSON to bench_results/

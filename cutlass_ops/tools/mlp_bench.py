@@ -7,11 +7,12 @@ Each system is set up (for FusedMLP: kernel compile or cache load, reported as c
 load_s; for torch.compile: compile + autotune) and timed, then released before the next.
 **Device time**: the profiler's kernel sum of one call (bench.device_time). Timing helpers
 are bench.py's.  Each system's rate in throughput is also given against the GPU's datasheet
-peaks (issue 19 asks for the fraction of tensor and memory peak): TFLOP/s of the Linear layers'
+peaks (the fraction of tensor and memory peak): TFLOP/s of the Linear layers'
 work and TB/s of the least memory traffic (x and y; a training step also dy and dx).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -19,8 +20,9 @@ import time
 import torch
 import torch.nn as nn
 
-from .timing import device_time, env_var, gpu_peaks, graphed, time_cuda, time_throughput
-from ..mlp import FusedMLP
+from .timing import device_time, graphed, gpu_peaks, time_cuda, time_throughput
+from ..fused_mlp import FusedMLP
+from ..options import MlpOptions
 
 
 class _Sin30(nn.Module):
@@ -37,10 +39,10 @@ def _chain(widths, act):
     return nn.Sequential(*mods)
 
 
-# The benchmark models (name -> constructor): issue 19's four (width 64 with 4 hidden layers,
-# width 128 with 6, a SIREN of width 256 with 5 layers, odd widths), input 32 / output 16 where
-# the issue leaves them open, and the 32 -> 64 x5 -> 16 model its independent H200 numbers
-# (eager, max-autotune) were taken on.
+# The benchmark models (name -> constructor): width 64 with 4 hidden layers, width 128 with 6, a
+# SIREN of width 256 with 5 layers, odd widths (input 32 / output 16 where the task left them
+# open), and the 32 -> 64 x5 -> 16 model that independent H200 numbers (eager, max-autotune)
+# were taken on.
 MODELS = {
     "relu_32-64x4-16": lambda: _chain([32, 64, 64, 64, 64, 16], nn.ReLU),
     "relu_32-128x6-16": lambda: _chain([32, 128, 128, 128, 128, 128, 128, 16], nn.ReLU),
@@ -50,18 +52,12 @@ MODELS = {
 }
 BATCHES = [2 ** 14, 2 ** 18, 2 ** 21]
 SYSTEMS = ["FusedMLP", "eager", "torch.compile max-autotune"]
-# FusedMLP variants, for comparison, by the switch each runs under (read per call, forward and
-# backward): streamed weights where the default keeps them resident in shared memory (mlp_emit),
-# the weight gradients as GEMMs over saved dz where the default computes them in the backward
-# kernel, and the in-place resident layers for every kernel or for none where the default uses
-# them for the forwards only (mlp._inplace_allowed: what the H100 run measured), and
+# FusedMLP variants, for comparison, by the options each runs with (MlpOptions): the weight
+# gradients as GEMMs over saved dz where the default computes them in the backward kernel, and
 # the kernel for models wider than 128, which FusedMLP runs as PyTorch ops by default
-# (mlp.runs_torch_ops).
-VARIANTS = {"FusedMLP streamed": ("CUTLASS_OPS_MLP_RESIDENT", "0"),
-            "FusedMLP GEMM dW": ("CUTLASS_OPS_MLP_FUSED_DW", "0"),
-            "FusedMLP in-place": ("CUTLASS_OPS_MLP_INPLACE", "1"),
-            "FusedMLP not in place": ("CUTLASS_OPS_MLP_INPLACE", "0"),
-            "FusedMLP kernel": ("CUTLASS_OPS_MLP_WIDE", "kernel")}
+# (fused_mlp.runs_torch_ops).
+VARIANTS = {"FusedMLP GEMM dW": {"fused_weight_grads": False},
+            "FusedMLP kernel": {"wide_kernel": True}}
 # FusedMLP captured in a CUDA graph by hand (static input; a training step's forward and
 # backward in one graph), as a small-batch user would run it: max-autotune runs its own graphs.
 GRAPHED = "FusedMLP + CUDA graph"
@@ -118,12 +114,11 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                     t0 = time.perf_counter()
                     extra, fn = {}, None
                     try:
-                        variant = VARIANTS.get(system, (None, None))
                         if system.startswith("FusedMLP"):
-                            module = FusedMLP.from_module(ref)
-                            with env_var(*variant):
-                                extra = module.compile_kernel(dtype, "cuda", inference=not backward)
-                                extra["path"] = "kernel" if module.uses_kernel(x) else "torch ops"
+                            options = dataclasses.replace(MlpOptions(), **VARIANTS.get(system, {}))
+                            module = FusedMLP.from_module(ref, options=options)
+                            extra = module.compile_kernel(dtype, "cuda", inference=not backward)
+                            extra["path"] = "kernel" if module.uses_kernel(x) else "torch ops"
                         elif system == "eager":
                             module = ref
                         else:
@@ -136,13 +131,12 @@ def bench_mlp(models=None, batches=None, dtype=torch.float16, modes=("inference"
                             xg = x.clone().requires_grad_(True)
                             params = list(module.parameters())
 
-                            def fn(module=module, xg=xg, params=params, variant=variant):
-                                with env_var(*variant):
-                                    y = module(xg)
-                                    torch.autograd.grad(y, [xg] + params, torch.ones_like(y))
+                            def fn(module=module, xg=xg, params=params):
+                                y = module(xg)
+                                torch.autograd.grad(y, [xg] + params, torch.ones_like(y))
                         else:
-                            def fn(module=module, variant=variant):
-                                with torch.no_grad(), env_var(*variant):
+                            def fn(module=module):
+                                with torch.no_grad():
                                     module(x)
                         if system in (GRAPHED, HAND_GRAPHED_COMPILE):
                             fn = graphed(fn)

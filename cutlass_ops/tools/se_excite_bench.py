@@ -62,7 +62,8 @@ def excite_module(t: dict, dtype) -> nn.Sequential:
 
 def bench_se_excite(batches=(128, 2048), dtype=torch.float16, shapes=SE_SHAPES, systems=SYSTEMS,
                     progress=print, **timing) -> dict:
-    from ..mlp import FusedMLP
+    from ..fused_mlp import FusedMLP
+    from ..options import MlpOptions
     rows = []
     for n in batches:
         for c, hh, ww, avgpool, has_post in shapes:
@@ -71,15 +72,15 @@ def bench_se_excite(batches=(128, 2048), dtype=torch.float16, shapes=SE_SHAPES, 
             label = f"N={n} C={c} {hh}x{ww}: "
             fused_excite = None
             if c <= MAX_FUSED_MLP_WIDTH:
-                fused_excite = FusedMLP.from_module(excite_module(t, dtype), torch.zeros(1, c, dtype=dtype,
-                                                                                          device="cuda"))
+                # the kernel at every width: FusedMLP runs models wider than 128 as PyTorch's ops
+                # by default, and here the kernel is the point
+                fused_excite = FusedMLP.from_module(excite_module(t, dtype), torch.zeros(1, c, dtype=dtype, device="cuda"),
+                                                    options=MlpOptions(wide_kernel=True))
                 fused_excite.compile_kernel(dtype, torch.device("cuda"), inference=True)
 
             paths = se_paths(t, avgpool, pb, fused_excite)
             setups = {name: (lambda f=f: graphed(f)) for name, f in paths.items()}
-            # FusedMLP runs models wider than 128 as PyTorch's ops unless told otherwise: here the
-            # kernel is the point (the graphs capture it, so replays need no variable).
-            with torch.no_grad(), env_var("CUTLASS_OPS_MLP_WIDE", "kernel"):
+            with torch.no_grad():
                 b2b_kernel = None if fused_excite is None else fused_excite.uses_kernel(t["h"][:, :, 0, 0])
                 errors = errors_vs_float64(t, avgpool, pb, paths)
                 results = measure_systems({s: setups[s] for s in systems if s in setups}, label=label,

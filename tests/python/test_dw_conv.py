@@ -1,4 +1,4 @@
-"""cutlass_ops.ops.dw_conv3x3_tokens (issue 20: CvT's dw_bn q/k/v projections in eval mode, all
+"""cutlass_ops.ops.dw_conv3x3_tokens (CvT's dw_bn q/k/v projections in eval mode, all
 three from one read of the map, the folded biases inside and the cls token in front, so that
 neither a bias add nor a concatenation follows a depthwise conv): the op's CPU path against
 float64, opcheck, bad input; the CUDA kernels, tiled and strip, on the CPU emulator
@@ -480,7 +480,7 @@ def test_cuda_backward_vs_float64(dtype, c, hw, strides, lead):
         assert rel(got.grad, want.grad) <= 2 * TOL[dtype], (got.shape, rel(got.grad, want.grad))
 
 
-# ---- FusedCvT with CUTLASS_OPS_CVT_DW_TOKENS=1 ----------------------------------------------
+# ---- FusedCvT with CvTOptions.dw_tokens ------------------------------------------------------
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
 def test_fused_cvt_dw_tokens_against_float64(device, monkeypatch):
@@ -500,14 +500,12 @@ def test_fused_cvt_dw_tokens_against_float64(device, monkeypatch):
     dtype = torch.float64 if device == "cpu" else torch.float16
     fused = cutlass_ops.FusedCvT.from_reference(ref64).to(device, dtype).eval()
     calls = []
-    op = cutlass_ops.fused_cvt.dw_conv3x3_tokens
-    monkeypatch.setattr(cutlass_ops.fused_cvt, "dw_conv3x3_tokens", lambda *a: calls.append(1) or op(*a))
-    ln_op = cutlass_ops.fused_cvt.layer_norm_dw_conv3x3_tokens  # (norm1 inside: opt-in, CUDA)
-    monkeypatch.setattr(cutlass_ops.fused_cvt, "layer_norm_dw_conv3x3_tokens",
-                        lambda *a: calls.append(2) or ln_op(*a))
+    import cutlass_ops.fused_cvt_blocks as blocks
+    op = blocks.dw_conv3x3_tokens
+    monkeypatch.setattr(blocks, "dw_conv3x3_tokens", lambda *a: calls.append(1) or op(*a))
 
     def run(flag):
-        monkeypatch.setenv("CUTLASS_OPS_CVT_DW_TOKENS", flag)
+        fused.options = cutlass_ops.CvTOptions(dw_tokens=flag == "1")
         with torch.no_grad():
             return fused(x.to(device, dtype))
     on = run("1")
@@ -518,8 +516,3 @@ def test_fused_cvt_dw_tokens_against_float64(device, monkeypatch):
         assert rel(on, want) <= 1e-12
     else:
         assert rel(on, want) <= max(2 * rel(off, want), 5e-3), (rel(on, want), rel(off, want))
-        calls.clear()
-        monkeypatch.setenv("CUTLASS_OPS_CVT_NORM1_IN_DW", "1")
-        inside = run("1")  # each block's norm1 inside the dw kernel (opt-in)
-        assert calls == [2] * 13
-        assert rel(inside, want) <= max(1.5 * rel(on, want), 5e-3), (rel(inside, want), rel(on, want))

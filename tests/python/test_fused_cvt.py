@@ -11,6 +11,7 @@ import torch
 
 from _cvt_testing import cvt, fused_cvt, randomize, reference
 from _helpers import HAS_CUDA, TOLERANCE, errors
+from cutlass_ops.options import CvTOptions
 
 FusedCvT = fused_cvt.FusedCvT
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
@@ -87,15 +88,14 @@ def test_fused_cvt_eval_fold_cache_follows_the_weights():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dw_tokens", ["0", "1"])
+@pytest.mark.parametrize("dw_tokens", [False, True])
 def test_fused_cvt_batched_folds_equal_per_projection(dtype, dw_tokens, monkeypatch):
     """Eval mode folds all 39 BatchNorms in one batch of ops (_eval_folds): bitwise the same
     forward as folding each projection on its own, with autograd on (no cache) and off (with
-    CUTLASS_OPS_CVT_DW_TOKENS=1 autograd off runs dw_conv3x3_tokens on the folds: its own
-    numbers, so only off is compared)."""
-    monkeypatch.setenv("CUTLASS_OPS_CVT_DW_TOKENS", dw_tokens)
+    CvTOptions.dw_tokens autograd off runs dw_conv3x3_tokens on the folds: its own numbers, so
+    only off is compared)."""
     ref = reference(seed=6, dtype=dtype).eval()
-    fused = FusedCvT.from_reference(ref)
+    fused = FusedCvT.from_reference(ref, CvTOptions(dw_tokens=dw_tokens))
     x = _input(2, 48, 64, dtype=dtype)
     with torch.no_grad():
         batched = fused(x)
@@ -104,16 +104,16 @@ def test_fused_cvt_batched_folds_equal_per_projection(dtype, dw_tokens, monkeypa
     fused._folded.clear()
     with torch.no_grad():
         single = fused(x)
-    assert torch.equal(batched, single) and (dw_tokens == "1" or torch.equal(grad_on, single))
+    assert torch.equal(batched, single) and (dw_tokens or torch.equal(grad_on, single))
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_fused_cvt_gradients_float64(mode):
+def test_fused_cvt_gradients_float64(mode, options=None):
     """Train mode: real BatchNorm (batch statistics, running statistics updated), drop path
     0.1 in stage 3 from the same seed.  Eval mode: BatchNorm folded into the depthwise convs;
     its gradients still reach the BatchNorm affine parameters and the conv weights."""
     ref = reference(seed=2)
-    fused = FusedCvT.from_reference(ref)
+    fused = FusedCvT.from_reference(ref, options)
     ref.train(mode == "train")
     fused.train(mode == "train")
     x = _input(3, 48, 64, seed=12)
@@ -166,12 +166,12 @@ def zero_gradient_params(model) -> set:
     return out
 
 
-def _low_precision_check(device, dtype, n, h, w, train: bool):
+def _low_precision_check(device, dtype, n, h, w, train: bool, options=None):
     """FusedCvT and the reference, both in `dtype`, against the reference in float64 (same
     weights): FusedCvT's error at most 1.5x the reference's own (and a small floor)."""
     ref64 = reference(drop_path_rate=0.0, device=device).train(train)
     ref_lp = reference(drop_path_rate=0.0, device=device, dtype=dtype).train(train)
-    fused = FusedCvT.from_reference(ref_lp)
+    fused = FusedCvT.from_reference(ref_lp, options)
     x = _input(n, h, w, device=device)
     xs = {"ref64": x.clone(), "ref": x.to(dtype), "fused": x.to(dtype)}
     models = {"ref64": ref64, "ref": ref_lp, "fused": fused}
@@ -206,13 +206,10 @@ def _low_precision_check(device, dtype, n, h, w, train: bool):
     return fused, xs["fused"]
 
 
-# Every switchable path on: the default ones (LayerNorms as layer_norm_rows, QuickGELU as SiLU,
-# the dw_bn bias in the q/k/v Linears) and the opt-in one (FusedMLP for stage 1's MLP).
-# UNFUSED: the default ones off (ATen's LayerNorm, add and QuickGELU, the dw_bn bias added
-# after the conv), the path before them, still selectable.
-OPT_IN = {"CUTLASS_OPS_CVT_FUSED_LN": "1", "CUTLASS_OPS_CVT_SILU_MLP": "1", "CUTLASS_OPS_CVT_FUSED_MLP": "1",
-          "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "1"}
-UNFUSED = {"CUTLASS_OPS_CVT_FUSED_LN": "0", "CUTLASS_OPS_CVT_SILU_MLP": "0", "CUTLASS_OPS_CVT_DW_BIAS_IN_LINEAR": "0"}
+# Every fused kernel on (the defaults, whatever the environment says), and every one off (the
+# PyTorch paths they replace, still selectable).
+ALL_ON = CvTOptions(fused_layer_norm=True, conv_embed=True, dw_tokens=True, residual_gemm=True, linear_silu=True)
+UNFUSED = CvTOptions(fused_layer_norm=False, conv_embed=False, dw_tokens=False, residual_gemm=False, linear_silu=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -220,7 +217,7 @@ def test_drop_path_one_multiply(dtype):
     """FusedCvT's drop path (one multiply by mask / keep_prob) drops the same samples as the
     reference's DropPath from the same seed (the draw is in x's dtype); values and gradients
     no further from the float64 result with that mask than the reference's two roundings."""
-    from cutlass_ops.fused_cvt import _drop_path
+    from cutlass_ops.fused_cvt_blocks import _drop_path
     from cutlass_ops.models.cvt import DropPath
     module, keep = DropPath(0.4).train(), 0.6
     x = torch.randn(64, 5, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -245,33 +242,25 @@ def test_drop_path_one_multiply(dtype):
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_fused_cvt_unfused_paths_float64(mode, monkeypatch):
-    """With the LayerNorm and SiLU fusions switched off (=0), the same float64 bounds."""
-    for k, v in UNFUSED.items():
-        monkeypatch.setenv(k, v)
-    test_fused_cvt_gradients_float64(mode)
+def test_fused_cvt_unfused_paths_float64(mode):
+    """With every fused kernel switched off (UNFUSED), the same float64 bounds."""
+    test_fused_cvt_gradients_float64(mode, UNFUSED)
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_fused_cvt_opt_in_paths_float64(mode, monkeypatch):
-    """Every switchable path (LayerNorms as layer_norm_rows with the residual adds, stage 1's MLP
-    as FusedMLP's op, the other MLPs' QuickGELU as SiLU with 1.702 folded into fc1 and fc2) to
-    float64 rounding: outputs within 1e-12 of the reference, every parameter's gradient within
-    1e-10 (as the default path)."""
-    for k, v in OPT_IN.items():
-        monkeypatch.setenv(k, v)
-    test_fused_cvt_gradients_float64(mode)
+def test_fused_cvt_all_paths_float64(mode):
+    """Every fused kernel on (ALL_ON: LayerNorms as layer_norm_rows with the residual adds, the
+    dw_bn projections as dw_conv3x3_tokens, ...; the MLPs' QuickGELU as SiLU) to float64
+    rounding: outputs within 1e-12 of the reference, every parameter's gradient within 1e-10."""
+    test_fused_cvt_gradients_float64(mode, ALL_ON)
 
 
-def test_fused_cvt_opt_in_paths_torch_compile_fullgraph(monkeypatch):
-    """With every opt-in path on (layer_norm_rows, FusedMLP's op, the SiLU fold), FusedCvT
-    compiles as one graph (the ops' fake impls; no trace-time work in the forward) and matches
-    the reference, gradients included."""
-    for k, v in OPT_IN.items():
-        monkeypatch.setenv(k, v)
+def test_fused_cvt_all_paths_torch_compile_fullgraph():
+    """With every fused kernel on (ALL_ON), FusedCvT compiles as one graph (the ops' fake impls;
+    no trace-time work in the forward) and matches the reference, gradients included."""
     torch._dynamo.reset()
     ref = reference(seed=3, dtype=torch.float32).eval()
-    fused = FusedCvT.from_reference(ref)
+    fused = FusedCvT.from_reference(ref, ALL_ON)
     x = _input(2, 48, 64, dtype=torch.float32)
     y = torch.compile(fused, backend="aot_eager", fullgraph=True)(x)
     assert errors(y, ref(x))[0] < 1e-5
@@ -303,10 +292,8 @@ def test_fused_cvt_train_and_no_grad_torch_compile_fullgraph():
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_fused_cvt_opt_in_paths_bfloat16_cpu(train, monkeypatch):
-    for k, v in OPT_IN.items():
-        monkeypatch.setenv(k, v)
-    _low_precision_check("cpu", torch.bfloat16, 3, 32, 48, train=train)
+def test_fused_cvt_all_paths_bfloat16_cpu(train):
+    _low_precision_check("cpu", torch.bfloat16, 3, 32, 48, train=train, options=ALL_ON)
 
 
 def test_fused_cvt_float32_cpu():
@@ -438,39 +425,22 @@ def test_fused_cvt_cuda_inference(dtype, n):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("switches", [{}, {"CUTLASS_OPS_CVT_SILU_EPILOGUE": "1"}, {"CUTLASS_OPS_CVT_DW_TOKENS": "0"},
-                                      {"CUTLASS_OPS_CVT_CONV_EMBED": "0"}],
-                         ids=["default", "silu_epilogue", "no_dw_tokens", "no_conv_embed"])
-def test_fused_cvt_cuda_inference_paths(dtype, switches, monkeypatch):
+@pytest.mark.parametrize("off", [{}, {"dw_tokens": False}, {"conv_embed": False}],
+                         ids=["default", "no_dw_tokens", "no_conv_embed"])
+def test_fused_cvt_cuda_inference_paths(dtype, off, monkeypatch):
     """Inference (autograd off) runs each attention's q/k/v dw convs as one dw_conv3x3_tokens
-    call by default (=0: cuDNN's) and stage 1's embedding as one conv_embed call (=0: cuDNN's
-    conv and the LayerNorm kernel), and with CUTLASS_OPS_CVT_SILU_EPILOGUE=1 each MLP's fc1 with
-    its SiLU as one conv2d_fused kernel (a CUTLASS kernel, not the ATen fallback): each within
-    1.5x the reference's own error against float64."""
-    import cutlass_ops.fused_cvt as fused_cvt
-    for k, v in switches.items():
-        monkeypatch.setenv(k, v)
-    kernels, dw_calls = [], []
-    conv, dw = fused_cvt.conv2d_fused, fused_cvt.dw_conv3x3_tokens
-
-    def counting_conv(*a, **kw):
-        y = conv(*a, **kw)
-        if kw.get("silu"):
-            kernels.append(fused_cvt.conv2d_fused_last_kernel())
-        return y
-    monkeypatch.setattr(fused_cvt, "conv2d_fused", counting_conv)
-    monkeypatch.setattr(fused_cvt, "dw_conv3x3_tokens", lambda *a: dw_calls.append(1) or dw(*a))
-    ln_dw = fused_cvt.layer_norm_dw_conv3x3_tokens  # (the same kernel with each block's norm1 inside)
-    monkeypatch.setattr(fused_cvt, "layer_norm_dw_conv3x3_tokens", lambda *a: dw_calls.append(2) or ln_dw(*a))
-    embed_calls, embed = [], fused_cvt.conv_embed
+    call by default (off: cuDNN's) and stage 1's embedding as one conv_embed call (off: cuDNN's
+    conv and the LayerNorm kernel): each within 1.5x the reference's own error against
+    float64."""
+    import dataclasses
+    import cutlass_ops.fused_cvt_blocks as blocks
+    dw_calls, embed_calls = [], []
+    dw, embed = blocks.dw_conv3x3_tokens, fused_cvt.conv_embed
+    monkeypatch.setattr(blocks, "dw_conv3x3_tokens", lambda *a: dw_calls.append(1) or dw(*a))
     monkeypatch.setattr(fused_cvt, "conv_embed", lambda *a: embed_calls.append(1) or embed(*a))
-    _low_precision_check("cuda", dtype, 3, 224, 224, train=False)
-    silu_on = switches.get("CUTLASS_OPS_CVT_SILU_EPILOGUE") == "1"
-    dw_on = switches.get("CUTLASS_OPS_CVT_DW_TOKENS") != "0"
-    assert len(kernels) == (13 if silu_on else 0), kernels  # one forward: 13 blocks
-    assert all(k.startswith("cutlass_ops_conv2d_fused_") for k in kernels), kernels
-    assert len(dw_calls) == (13 if dw_on else 0)
-    assert len(embed_calls) == (0 if switches.get("CUTLASS_OPS_CVT_CONV_EMBED") == "0" else 1)
+    _low_precision_check("cuda", dtype, 3, 224, 224, train=False, options=dataclasses.replace(ALL_ON, **off))
+    assert len(dw_calls) == (0 if off.get("dw_tokens") is False else 13)  # one forward: 13 blocks
+    assert len(embed_calls) == (0 if off.get("conv_embed") is False else 1)
 
 
 @cuda_only
@@ -482,13 +452,12 @@ def test_fused_cvt_cuda_training(dtype):
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("train", [False, True])
-def test_fused_cvt_cuda_opt_in_paths(dtype, train, monkeypatch):
-    """The opt-in paths (layer_norm_rows' CUDA kernel, stage 1's MLP as a FusedMLP kernel, the
-    SiLU MLP) within 1.5x the reference's own error against float64, inference at 224x224 and a
-    training step."""
-    for k, v in OPT_IN.items():
-        monkeypatch.setenv(k, v)
-    _low_precision_check("cuda", dtype, 3, 224 if not train else 96, 224 if not train else 112, train=train)
+@pytest.mark.parametrize("options", [ALL_ON, UNFUSED], ids=["all_on", "unfused"])
+def test_fused_cvt_cuda_switchable_paths(dtype, train, options):
+    """Every fused kernel on, and every one off, within 1.5x the reference's own error against
+    float64, inference at 224x224 and a training step."""
+    _low_precision_check("cuda", dtype, 3, 224 if not train else 96, 224 if not train else 112, train=train,
+                         options=options)
 
 
 @cuda_only

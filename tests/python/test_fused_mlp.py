@@ -1,4 +1,5 @@
-"""FusedMLP (cutlass_ops/mlp.py): numerics vs float64, autograd, errors, op registration, cache.
+"""FusedMLP (cutlass_ops/fused_mlp.py, mlp_jit.py, _fused_mlp_op.py): numerics vs float64, autograd,
+errors, op registration, cache.
 
 CPU tests run everywhere (the ops' CPU path: float32 math with the kernel's rounding points, or
 float64 for float64 inputs).  GPU tests need a CUDA device of sm_80+ and nvcc (the kernel is
@@ -7,6 +8,7 @@ computed from the same (dtype-rounded) weights and input; the issue's targets: f
 bf16 <= 1e-2.  A failure message gives the model, dtype, rows, our error and PyTorch's own
 error in the same dtype.
 """
+import dataclasses
 import math
 import os
 import subprocess
@@ -18,7 +20,9 @@ import torch
 import torch.nn as nn
 
 from _mlp_models import Act, chain as _chain
-from cutlass_ops.mlp import FusedMLP, _kernel, cache_dir  # noqa: F401
+from cutlass_ops import MlpOptions
+from cutlass_ops.fused_mlp import FusedMLP
+from cutlass_ops.mlp_jit import cache_dir, kernel as _kernel
 
 HAS_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer (and nvcc)")
@@ -26,12 +30,10 @@ gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer
 TARGET = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}
 
 
-@pytest.fixture(autouse=True)
-def _kernel_at_every_width(monkeypatch):
-    """These tests check the kernel, so every width runs it: FusedMLP sends models with a layer
-    wider than 128 to PyTorch's ops by default (runs_torch_ops), which the tests of that rule
-    below check with the switch unset."""
-    monkeypatch.setenv("CUTLASS_OPS_MLP_WIDE", "kernel")
+# These tests check the kernel, so every width runs it: FusedMLP sends models with a layer wider
+# than 128 to PyTorch's ops by default (runs_torch_ops), which the tests of that rule below check
+# with the default options.
+KERNEL = MlpOptions(wide_kernel=True)
 
 
 def chain(widths, act, last=None, bias=True, seed=0, init=None):
@@ -69,7 +71,7 @@ def rel(out, ref, size=None):
     return ((out - ref).norm() / size.clamp_min(1e-30)).item()
 
 
-def setup(name, dtype, device, rows, seed=1):
+def setup(name, dtype, device, rows, seed=1, options=KERNEL):
     model = MODELS[name]()
     in_f = next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features
     g = torch.Generator().manual_seed(seed)
@@ -78,7 +80,7 @@ def setup(name, dtype, device, rows, seed=1):
     x = x.to(dtype)
     ref_model = MODELS[name]().double()          # ... and compute the reference from them in float64
     ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
-    fused = FusedMLP.from_module(model).to(device)
+    fused = FusedMLP.from_module(model, options=options).to(device)
     return model.to(device), fused, ref_model, x
 
 
@@ -100,7 +102,7 @@ def test_cpu_forward_vs_float64(name, dtype):
 
 def test_cpu_gradcheck_float64():
     model = chain([3, 9, 17, 2], nn.GELU(approximate="tanh"), last=nn.Sigmoid()).double()
-    fused = FusedMLP.from_module(model)
+    fused = FusedMLP.from_module(model, options=KERNEL)
     x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(fused, (x,))
     params = list(fused.parameters())
@@ -230,12 +232,11 @@ def test_errors():
             raise ValueError(str(e))
 
 
-def test_wide_models_run_torch_ops_rule(monkeypatch):
+def test_wide_models_run_torch_ops_rule():
     """runs_torch_ops: CUDA float16/bfloat16 models with a layer wider than 128 (SIREN 3-256x4-1,
     256 x 8) take PyTorch's ops; no wider (128 x 6, odd widths), another dtype or device, or
-    CUTLASS_OPS_MLP_WIDE=kernel: the kernel (or the op's CPU path)."""
-    from cutlass_ops.mlp import runs_torch_ops
-    monkeypatch.delenv("CUTLASS_OPS_MLP_WIDE")
+    MlpOptions.wide_kernel: the kernel (or the op's CPU path)."""
+    from cutlass_ops.fused_mlp import runs_torch_ops
     spec = {n: FusedMLP.from_module(MODELS[n]()).spec for n in
             ("siren_3_256x4_1", "w256_depth8_leaky", "relu_32_128x6_16", "odd_57_127_1_84_3")}
     for name in ("siren_3_256x4_1", "w256_depth8_leaky"):
@@ -243,15 +244,18 @@ def test_wide_models_run_torch_ops_rule(monkeypatch):
         assert not runs_torch_ops(spec[name], "cuda", torch.float32) and not runs_torch_ops(spec[name], "cpu", torch.float16)
     for name in ("relu_32_128x6_16", "odd_57_127_1_84_3"):
         assert not runs_torch_ops(spec[name], "cuda", torch.float16)
-    monkeypatch.setenv("CUTLASS_OPS_MLP_WIDE", "kernel")
-    assert not runs_torch_ops(spec["siren_3_256x4_1"], "cuda", torch.float16)
+    assert not runs_torch_ops(spec["siren_3_256x4_1"], "cuda", torch.float16, wide_kernel=True)
+    siren = FusedMLP.from_module(MODELS["siren_3_256x4_1"](), options=MlpOptions(wide_kernel=False))
+    key = siren.key
+    siren.options = KERNEL  # options set later: a key of their own for the ops
+    assert siren.options.wide_kernel and siren.key != key
 
 
 @pytest.mark.parametrize("name", ["siren_3_256x4_1", "w256_depth8_leaky", "odd_57_127_1_84_3"])
 def test_torch_layers_float64(name):
     """torch_layers (the path of wide models on CUDA) is the traced model: float64 on the CPU
     against the module itself, output and gradients, with leading dims."""
-    from cutlass_ops.mlp import torch_layers
+    from cutlass_ops.fused_mlp import torch_layers
     _, fused, ref_model, _ = setup(name, torch.float64, "cpu", 1)
     x = torch.randn(3, 37, fused.spec.in_features, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -267,12 +271,13 @@ def test_torch_layers_float64(name):
 
 @gpu
 def test_gpu_wide_models_run_torch_ops_by_default(monkeypatch):
-    """Without CUTLASS_OPS_MLP_WIDE the SIREN (256 wide) runs as PyTorch's ops: no kernel asked
-    for, uses_kernel False, the output the eager module's in the same dtype, gradients flowing."""
-    import cutlass_ops.mlp as mlp
-    monkeypatch.delenv("CUTLASS_OPS_MLP_WIDE")
-    monkeypatch.setattr(mlp, "_kernel", lambda *a, **k: pytest.fail("the kernel was asked for"))
-    model, fused, ref_model, x = setup("siren_3_256x4_1", torch.float16, "cuda", 3001)
+    """With wide_kernel off (the default) the SIREN (256 wide) runs as PyTorch's ops: no kernel
+    asked for, uses_kernel False, the output the eager module's in the same dtype, gradients
+    flowing."""
+    import cutlass_ops.mlp_jit as mlp_jit
+    monkeypatch.setattr(mlp_jit, "kernel", lambda *a, **k: pytest.fail("the kernel was asked for"))
+    model, fused, ref_model, x = setup("siren_3_256x4_1", torch.float16, "cuda", 3001,
+                                       options=MlpOptions(wide_kernel=False))
     x = x.cuda().requires_grad_(True)
     assert not fused.uses_kernel(x)
     y = fused(x)
@@ -307,9 +312,10 @@ def test_torch_compile_fullgraph_cpu():
     torch.testing.assert_close(xg.grad, xe.grad)
 
 
-def test_cache_dir_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("CUTLASS_OPS_CACHE", str(tmp_path))
-    assert cache_dir() == tmp_path / "mlp"
+def test_cache_dir_option_and_env(monkeypatch, tmp_path):
+    assert cache_dir(MlpOptions(cache_dir=str(tmp_path / "a"))) == tmp_path / "a" / "mlp"
+    monkeypatch.setenv("CUTLASS_OPS_CACHE", str(tmp_path))  # the default, read when the options are made
+    assert MlpOptions().cache_dir == str(tmp_path) and cache_dir() == tmp_path / "mlp"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,34 +356,29 @@ def test_gpu_backward_vs_float64(name, dtype, rows):
 
 @gpu
 @pytest.mark.parametrize("name", ["relu_32_64x5_16", "odd_57_127_1_84_3", "relu_32_128x6_16"])
-@pytest.mark.parametrize("resident", [True, False])
-def test_gpu_resident_and_streamed_weights(name, resident, monkeypatch):
-    """The same models on both kernel shapes (mlp_emit: weights resident in shared memory, or
-    streamed per 128-row CTA; CUTLASS_OPS_MLP_RESIDENT=0 forces streamed; the width-128 model is
-    resident only in place, CUTLASS_OPS_MLP_INPLACE=1, on sm90): forward at an odd row count that
+def test_gpu_resident_weights(name):
+    """Models whose weights fit in shared memory keep them resident in the forward kernel
+    (mlp_emit; the width-128 model only in place, on sm90): forward at an odd row count that
     leaves warps without a tile, and the gradients, against float64."""
-    monkeypatch.setenv("CUTLASS_OPS_MLP_RESIDENT", "1" if resident else "0")
-    monkeypatch.setenv("CUTLASS_OPS_MLP_INPLACE", "1")
     model, fused, ref_model, x = setup(name, torch.float16, "cuda", 100003, seed=7)
-    info = fused.compile_kernel()
+    info = fused.compile_kernel(inference=True)
     if name == "relu_32_128x6_16" and torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 223488:
         pytest.skip("its weights and one tile per warp need sm90's shared memory")
-    assert (info["resident_warps"] > 0) == resident, info
-    assert info["inplace"] == (resident and name == "relu_32_128x6_16"), info
+    assert info["resident_warps"] > 0, info
+    assert info["inplace"] == (name == "relu_32_128x6_16"), info
     with torch.no_grad():
         y = fused(x.cuda())
         ref = ref_model(x.double())
     err, peer = rel(y, ref), _torch_same_dtype_error(model, x.cuda(), ref)
-    assert err <= TARGET[torch.float16], (name, resident, err, peer)
+    assert err <= TARGET[torch.float16], (name, err, peer)
     _check_grads(name, fused, ref_model, x[:20011].cuda(), torch.float16, model)
 
 
 @gpu
-def test_gpu_inplace_forward_streamed_backward(monkeypatch):
+def test_gpu_inplace_forward_streamed_backward():
     """The default where the in-place shape applies (32-128x6-16 on sm90): the forwards, the
-    training one too, run in place, the backward on streamed weights (_inplace_allowed), reading
+    training one too, run in place, the backward on streamed weights (mlp_jit.config), reading
     what the in-place forward saved; gradients against float64 at an odd row count."""
-    monkeypatch.delenv("CUTLASS_OPS_MLP_INPLACE", raising=False)
     model, fused, ref_model, x = setup("relu_32_128x6_16", torch.float16, "cuda", 20011, seed=5)
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 223488:
         pytest.skip("its weights and one tile per warp need sm90's shared memory")
@@ -391,13 +392,14 @@ def test_gpu_inplace_forward_streamed_backward(monkeypatch):
 @pytest.mark.parametrize("name", ["relu_32_64x5_16", "odd_57_127_1_84_3", "nobias_softplus_5_24_24_2"])
 def test_gpu_eager_path_matches_the_ops(name, monkeypatch):
     """FusedMLP's eager path (_FusedMLPFunction: the kernels called directly, the partials summed
-    once for all layers) against the registered ops (CUTLASS_OPS_MLP_EAGER_OPS=1, as under
-    torch.compile): the same forward bitwise, the gradients up to the partial sums' order."""
-    import cutlass_ops.mlp as mlp
+    once for all layers) against the registered ops (as under torch.compile): the same forward
+    bitwise, the gradients up to the partial sums' order."""
+    import cutlass_ops.fused_mlp as fused_mlp
     _, fused, _, x = setup(name, torch.float16, "cuda", 3001, seed=4)
-    taken = []
-    real = mlp._eager_kernel_path
-    monkeypatch.setattr(mlp, "_eager_kernel_path", lambda t: taken.append(real(t)) or taken[-1])
+    taken, use_ops = [], []
+    real = fused_mlp._eager_kernel_path
+    monkeypatch.setattr(fused_mlp, "_eager_kernel_path",
+                        lambda t: taken.append(real(t) and not use_ops) or taken[-1])
 
     def run():
         fused.zero_grad(set_to_none=True)
@@ -408,7 +410,7 @@ def test_gpu_eager_path_matches_the_ops(name, monkeypatch):
 
     eager = run()
     assert taken == [True]
-    monkeypatch.setenv("CUTLASS_OPS_MLP_EAGER_OPS", "1")
+    use_ops.append(True)  # the op path, as torch.compile and tensor subclasses take it
     ops = run()
     assert taken == [True, False]
     assert torch.equal(eager[0], ops[0])
@@ -423,11 +425,11 @@ def test_gpu_eager_path_matches_the_ops(name, monkeypatch):
 def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
     """The backward kernel with the weight gradients inside (bwd_dw_kernel): it runs (counted at
     its entry point), its gradients meet the float64 bound at an odd row count, are bitwise the
-    same run to run, and agree with the GEMM path (CUTLASS_OPS_MLP_FUSED_DW=0) up to summation
-    order.  It is the default: the test sets the switch anyway, to run it whatever the caller's
-    environment says."""
-    monkeypatch.setenv("CUTLASS_OPS_MLP_FUSED_DW", "1")
-    model, fused, ref_model, x = setup(name, dtype, "cuda", 20011, seed=11)
+    same run to run, and agree with the GEMM path (MlpOptions(fused_weight_grads=False)) up to
+    summation order.  It is the default: the test sets the option anyway, to run it whatever the
+    caller's environment says."""
+    model, fused, ref_model, x = setup(name, dtype, "cuda", 20011, seed=11,
+                                       options=dataclasses.replace(KERNEL, fused_weight_grads=True))
     assert fused.compile_kernel()["fused_weight_grad_warps"] > 0
     kern = _kernel(fused.key, dtype, torch.device("cuda"))
     calls = []
@@ -444,7 +446,10 @@ def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
 
     fused_grads = grads()
     assert all(torch.equal(a, b) for a, b in zip(fused_grads, grads()))  # deterministic: fixed-order sums
-    monkeypatch.setenv("CUTLASS_OPS_MLP_FUSED_DW", "0")
+    fused.options = dataclasses.replace(fused.options, fused_weight_grads=False)
+    kern = _kernel(fused.key, dtype, torch.device("cuda"))  # the options' key: its own kernel object
+    entry = kern.lib.fmlp_bwd_dw
+    monkeypatch.setattr(kern.lib, "fmlp_bwd_dw", lambda *a: calls.append(1) or entry(*a))
     n = len(calls)
     gemm_grads = grads()
     assert len(calls) == n  # the switch keeps the GEMMs
@@ -454,7 +459,7 @@ def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
 
 @gpu
 def test_gpu_random_models():
-    """Issue 19's numerics criterion: 200 random models (_mlp_models: depth 1-8, widths 1-256,
+    """The numerics criterion: 200 random models (_mlp_models: depth 1-8, widths 1-256,
     activations from the list and compositions), alternately fp16 and bf16, at random row counts:
     the output within the target against float64 (or, where PyTorch's own same-dtype run misses
     it too, within 2x that), and every gradient as _check_grads bounds it.  The kernels compile
@@ -469,7 +474,7 @@ def test_gpu_random_models():
         model = model.to(dtype)
         ref_model = random_mlp(seed)[1].double()
         ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
-        cases.append((name, dtype, model.cuda(), ref_model, FusedMLP.from_module(model).cuda()))
+        cases.append((name, dtype, model.cuda(), ref_model, FusedMLP.from_module(model, options=KERNEL).cuda()))
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda c: c[4].compile_kernel(c[1]), cases))
     failures, relaxed, relaxed_grads = [], [], []
@@ -527,8 +532,8 @@ def test_gpu_misaligned_and_strided_input():
 def test_gpu_wide_dtypes_run_torch_ops(dtype, monkeypatch):
     """float32/float64 on CUDA: not the kernel (fp16/bf16 only) but the same math as torch ops,
     with a one-time warning; forward and input gradient against float64."""
-    import cutlass_ops.mlp
-    monkeypatch.setattr(cutlass_ops.mlp, "_WARNED", set())
+    import cutlass_ops._fused_mlp_op as op
+    monkeypatch.setattr(op, "_WARNED", set())
     _, fused, ref_model, x = setup("odd_57_127_1_84_3", dtype, "cuda", 33)
     xg = x.cuda().requires_grad_()
     with pytest.warns(UserWarning, match="runs as torch ops"):
@@ -568,11 +573,11 @@ def test_gpu_deterministic_and_empty():
 
 @gpu
 @pytest.mark.parametrize("fused_dw", [False, True])
-def test_gpu_cuda_graph(fused_dw, monkeypatch):
+def test_gpu_cuda_graph(fused_dw):
     """Inference and a training step under CUDA graph capture, replayed: the same numbers as
     eager, bitwise; with the weight gradients as GEMMs and in the backward kernel."""
-    monkeypatch.setenv("CUTLASS_OPS_MLP_FUSED_DW", "1" if fused_dw else "0")
-    model, fused, ref_model, x = setup("odd_57_127_1_84_3", torch.float16, "cuda", 3001)
+    model, fused, ref_model, x = setup("odd_57_127_1_84_3", torch.float16, "cuda", 3001,
+                                       options=dataclasses.replace(KERNEL, fused_weight_grads=fused_dw))
     assert (fused.compile_kernel()["fused_weight_grad_warps"] > 0) or not fused_dw
     static_x = x.cuda().clone()
     with torch.no_grad():
@@ -641,7 +646,7 @@ def test_gpu_second_process_hits_cache(tmp_path):
     """First use compiles (timed), a second process with the same cache loads (timed)."""
     script = textwrap.dedent("""
         import json, sys, time, torch, torch.nn as nn
-        from cutlass_ops.mlp import FusedMLP
+        from cutlass_ops.fused_mlp import FusedMLP
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(7, 40), nn.Tanh(), nn.Linear(40, 5)).half().cuda()
         f = FusedMLP.from_module(m)
@@ -677,7 +682,7 @@ def test_gpu_second_process_hits_cache(tmp_path):
 def _aot_index():
     import json
     from cutlass_ops import _library
-    from cutlass_ops.mlp import AOT_DIR
+    from cutlass_ops.mlp_jit import AOT_DIR
     if not _library.build_info().get("mlp_aot_kernels"):
         pytest.skip("built without CUTLASS_OPS_MLP_MODELS (no FusedMLP kernels ahead of time)")
     return json.loads((AOT_DIR / "index.json").read_text())["kernels"]
@@ -687,7 +692,7 @@ def test_ahead_of_time_kernels_installed():
     """Every kernel the build's manifest listed is in the package, and the runtime finds it
     under the key of the source it would otherwise compile (so it needs no nvcc)."""
     from cutlass_ops import _library
-    from cutlass_ops.mlp import aot_library
+    from cutlass_ops.mlp_jit import aot_library
     from cutlass_ops_gen.mlp import trace_mlp
     from cutlass_ops_gen.mlp_aot import build_model
     from cutlass_ops_gen.mlp_emit import SMEM_LIMIT, emit
@@ -704,21 +709,21 @@ def test_ahead_of_time_kernels_installed():
 def test_gpu_ahead_of_time_kernel_needs_no_nvcc(monkeypatch):
     """A model the build compiled for this GPU's arch runs with nvcc out of reach, right."""
     from cutlass_ops_gen.mlp_aot import build_model
-    import cutlass_ops.mlp as mlp
+    import cutlass_ops.mlp_jit as mlp_jit
     major, minor = torch.cuda.get_device_capability()
     entries = [e for e in _aot_index() if e["arch"] == f"{major}{minor}"]
-    if not entries or os.environ.get("CUTLASS_OPS_MLP_RESIDENT") == "0":
+    if not entries:
         pytest.skip(f"no ahead-of-time FusedMLP kernel for sm_{major}{minor} in this build")
     e = entries[0]
     dtype = getattr(torch, e["dtype"])
 
-    def no_nvcc():
+    def no_nvcc(options):
         raise AssertionError("an ahead-of-time kernel must not need nvcc")
-    monkeypatch.setattr(mlp, "_nvcc", no_nvcc)
+    monkeypatch.setattr(mlp_jit, "_nvcc", no_nvcc)
     model = build_model(e["model"]).to(dtype)
     ref_model = build_model(e["model"]).double()
     ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
-    fused = FusedMLP.from_module(model).cuda()
+    fused = FusedMLP.from_module(model, options=KERNEL).cuda()
     info = fused.compile_kernel()
     assert info["ahead_of_time"] and info["path"].endswith(f"{e['key']}/fused_mlp.so"), info
     x = torch.randn(1000, fused.spec.in_features, generator=torch.Generator().manual_seed(3)).to(dtype)

@@ -1,4 +1,4 @@
-"""Shape fuzz (issue 22): random cases per public op against a float64 reference.
+"""Shape fuzz: random cases per public op against a float64 reference.
 
 Random N, H, W, C, K, kernel size, stride, padding, dtype (fp16/bf16/fp32), memory layout
 (NCHW, channels_last, a strided view, an offset into a larger storage: a misaligned data
@@ -573,21 +573,14 @@ def run_fused_mlp(c, device):
         mods.append(_mlp_act(last))
     model = torch.nn.Sequential(*mods).to(dtype)       # the weights rounded to the dtype ...
     ref_model = copy.deepcopy(model).double()          # ... and the float64 reference from them
-    fused = cutlass_ops.FusedMLP.from_module(model).to(device)
+    # the kernel at every width (64-256-64 included)
+    fused = cutlass_ops.FusedMLP.from_module(model, options=cutlass_ops.MlpOptions(wide_kernel=True)).to(device)
     x = make((c["rows"], widths[0]), dtype, "cpu", "nchw", g, special=c["special"])
     x = x.to(device) if c["layout"] == "contiguous" else _relayout(x, device, c["layout"])
-    wide = os.environ.get("CUTLASS_OPS_MLP_WIDE")
-    os.environ["CUTLASS_OPS_MLP_WIDE"] = "kernel"  # the kernel at every width (64-256-64 included)
-    try:
-        with torch.no_grad():
-            y = fused(x)
-            own = model.to(device)(x)
-            ref = ref_model(d64(x))
-    finally:
-        if wide is None:
-            del os.environ["CUTLASS_OPS_MLP_WIDE"]
-        else:
-            os.environ["CUTLASS_OPS_MLP_WIDE"] = wide
+    with torch.no_grad():
+        y = fused(x)
+        own = model.to(device)(x)
+        ref = ref_model(d64(x))
     fail = compare("y", y, ref, own, dtype)
     if not fail and (y.dtype != dtype or y.device != x.device):
         fail = f"y: {y.dtype} on {y.device}"

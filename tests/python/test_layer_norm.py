@@ -1,9 +1,9 @@
-"""cutlass_ops.ops.layer_norm_rows (issue 20: CvT's LayerNorms, fused with the residual add before
+"""cutlass_ops.ops.layer_norm_rows (CvT's LayerNorms, fused with the residual add before
 them): the op's CPU path against float64, its autograd (gradcheck), opcheck, bad input; the CUDA
 kernel on the CPU emulator (tests/cuda_emulator: the same device code, every row shape the
 launcher picks, against the CPU path, two thread schedules bitwise equal, guard elements); the
 kernel on a GPU (skipped without one); FusedCvT with its fused LayerNorms (the default) against
-CUTLASS_OPS_CVT_FUSED_LN=0."""
+CvTOptions(fused_layer_norm=False)."""
 import ctypes
 
 import pytest
@@ -364,9 +364,9 @@ def test_cuda_vs_float64_and_cpu_path(dtype, cols, residual):
 # ---- FusedCvT with the fused LayerNorms ------------------------------------------------------
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HAS_CUDA else []))
-def test_fused_cvt_fused_layer_norm_matches_unfused(device, monkeypatch):
-    """FusedCvT (random weights, eval mode) with its fused LayerNorms (CUTLASS_OPS_CVT_FUSED_LN=1,
-    the default) against the ATen path (=0): outputs and every parameter's gradient.  float32 on
+def test_fused_cvt_fused_layer_norm_matches_unfused(device):
+    """FusedCvT (random weights, eval mode) with its fused LayerNorms (CvTOptions.fused_layer_norm,
+    the default) against the ATen path (off): outputs and every parameter's gradient.  float32 on
     the CPU: the same math, so the two agree to 1e-5.  fp16 on CUDA: each path against the
     float64 run of the same model (the ATen path on the CPU), the fused LayerNorms no worse than
     2x the ATen path's error (floor 5e-3).  Not fp16 against fp16: the first H200 run found a
@@ -380,7 +380,7 @@ def test_fused_cvt_fused_layer_norm_matches_unfused(device, monkeypatch):
     x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1)).to(device, dtype)
 
     def run(model, inp, flag):
-        monkeypatch.setenv("CUTLASS_OPS_CVT_FUSED_LN", flag)
+        model.options = cutlass_ops.CvTOptions(fused_layer_norm=flag == "1")
         model.zero_grad(set_to_none=True)
         y = model(inp)
         y.float().square().sum().backward()

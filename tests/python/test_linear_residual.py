@@ -1,9 +1,9 @@
-"""cutlass_ops.ops.linear_residual (issue 20: a CvT block's output projection and fc2 adding onto
+"""cutlass_ops.ops.linear_residual (a CvT block's output projection and fc2 adding onto
 the residual stream in the GEMM's epilogue): the op's CPU path against float64, its autograd
 (gradcheck), opcheck, bad input; on a GPU the cuBLASLt path against float64 at CvT's shapes and
 odd row counts (the output memory poisoned first), with and without a bias, a non-contiguous
 residual, ATen's path where K or N is not a multiple of 8, CUDA-graph capture; FusedCvT with it
-against CUTLASS_OPS_CVT_RESIDUAL_GEMM=0.  GPU parts skipped without one."""
+against CvTOptions(residual_gemm=False).  GPU parts skipped without one."""
 import pytest
 import torch
 
@@ -125,20 +125,21 @@ def test_cuda_views_and_graph():
 
 
 @cuda_only
-def test_fused_cvt_with_residual_gemms(monkeypatch):
+def test_fused_cvt_with_residual_gemms():
     """FusedCvT's eval forward with the blocks' output projections and fc2 as linear_residual
-    (the default) against CUTLASS_OPS_CVT_RESIDUAL_GEMM=0, both against the reference in
+    (the default) against CvTOptions(residual_gemm=False), both against the reference in
     float64; odd batch and a 64x48 image (uneven maps)."""
     from cutlass_ops.fused_cvt import FusedCvT
     from cutlass_ops.models.cvt import cvt13
+    from cutlass_ops.options import CvTOptions
     torch.manual_seed(0)
     ref = cvt13().cuda().eval()
     x = torch.randn(3, 3, 64, 48, device="cuda")
     with torch.no_grad():
         want = ref.double()(x.double())
-        fused = FusedCvT.from_reference(ref.half()).eval()
+        fused = FusedCvT.from_reference(ref.half(), CvTOptions(residual_gemm=True)).eval()
         got = fused(x.half())
-        monkeypatch.setenv("CUTLASS_OPS_CVT_RESIDUAL_GEMM", "0")
+        fused.options = CvTOptions(residual_gemm=False)
         plain = fused(x.half())
     rel_fused, rel_plain = errors(got, want)[0], errors(plain, want)[0]
     assert rel_fused <= 1.5 * rel_plain + 1e-3, (rel_fused, rel_plain)

@@ -1,8 +1,8 @@
-"""cutlass_ops.ops.linear_silu (issue 20: CvT's fc1 with its QuickGELU as silu(1.702 z) in the
+"""cutlass_ops.ops.linear_silu (CvT's fc1 with its QuickGELU as silu(1.702 z) in the
 GEMM's epilogue): the op's CPU path against float64, its autograd (gradcheck), opcheck, bad
 input; on an sm90 GPU every generated kernel (forced one at a time) against float64 with odd
 row counts and the output memory poisoned, the ATen fallback where no kernel applies
-(misaligned x, K not a multiple of 8); FusedCvT with it against CUTLASS_OPS_CVT_LINEAR_SILU=0.
+(misaligned x, K not a multiple of 8); FusedCvT with it against CvTOptions(linear_silu=False).
 Skipped parts without a GPU or without the kernels (a build without arch 90)."""
 import pytest
 import torch
@@ -124,19 +124,20 @@ def test_fallbacks_on_gpu():
 
 
 @sm90_only
-def test_fused_cvt_with_linear_silu(monkeypatch):
+def test_fused_cvt_with_linear_silu():
     """FusedCvT's eval forward with each MLP's fc1 as linear_silu (the default on sm90) against
-    CUTLASS_OPS_CVT_LINEAR_SILU=0 (cuBLAS + SiLU), both against the reference in float64."""
+    CvTOptions(linear_silu=False) (cuBLAS + SiLU), both against the reference in float64."""
     from cutlass_ops.fused_cvt import FusedCvT
     from cutlass_ops.models.cvt import cvt13
+    from cutlass_ops.options import CvTOptions
     torch.manual_seed(0)
     ref = cvt13().cuda().eval()
     x = torch.randn(3, 3, 64, 64, device="cuda")
     with torch.no_grad():
         want = ref.double()(x.double())
-        fused = FusedCvT.from_reference(ref.half()).eval()
+        fused = FusedCvT.from_reference(ref.half(), CvTOptions(linear_silu=True)).eval()
         got = fused(x.half())
-        monkeypatch.setenv("CUTLASS_OPS_CVT_LINEAR_SILU", "0")
+        fused.options = CvTOptions(linear_silu=False)
         plain = fused(x.half())
     rel_fused, rel_plain = errors(got, want)[0], errors(plain, want)[0]
     assert rel_fused <= 1.5 * rel_plain + 1e-3, (rel_fused, rel_plain)

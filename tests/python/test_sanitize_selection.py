@@ -323,17 +323,17 @@ def test_dw_conv3x3_tokens_backward_input(c, strides):
 
 @pytest.mark.parametrize("rows", [1, 131])
 @pytest.mark.parametrize("fused_dw", [True, False])
-def test_fused_mlp_forward_backward(rows, fused_dw, monkeypatch):
+def test_fused_mlp_forward_backward(rows, fused_dw):
     """A 3-layer MLP with odd widths and two activations, forward and backward (the kernel is
     compiled at first use, outside the sanitized kernels), the weight gradients in the backward
-    kernel (CUTLASS_OPS_MLP_FUSED_DW=1) or as GEMMs.  Against the module's own float32 CPU
+    kernel (MlpOptions.fused_weight_grads) or as GEMMs.  Against the module's own float32 CPU
     path, loosely."""
-    monkeypatch.setenv("CUTLASS_OPS_MLP_FUSED_DW", "1" if fused_dw else "0")
     torch.manual_seed(rows)
     ref = torch.nn.Sequential(torch.nn.Linear(19, 57), torch.nn.SiLU(), torch.nn.Linear(57, 40),
                               torch.nn.Tanh(), torch.nn.Linear(40, 7))
     cpu = cutlass_ops.FusedMLP.from_module(ref, torch.randn(2, 19))
-    gpu = cutlass_ops.FusedMLP.from_module(ref.cuda().half(), torch.randn(2, 19))
+    gpu = cutlass_ops.FusedMLP.from_module(ref.cuda().half(), torch.randn(2, 19),
+                                           options=cutlass_ops.MlpOptions(fused_weight_grads=fused_dw))
     x = torch.randn(rows, 19)
     xg = x.cuda().half().requires_grad_()
     y = gpu(xg)

@@ -3,7 +3,7 @@ layers), within their dtypes' error of the float64 gate; no timing here."""
 import pytest
 import torch
 
-from cutlass_ops.mlp import FusedMLP
+from cutlass_ops.fused_mlp import FusedMLP
 from cutlass_ops.tools import se_excite_bench as seb
 
 
