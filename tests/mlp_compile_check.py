@@ -23,7 +23,7 @@ import time
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cutlass_ops_gen.mlp import trace_mlp
+from cutlass_ops_gen.mlp_spec import trace_mlp
 from cutlass_ops_gen.mlp_emit import emit, nvcc_command
 
 SMEM_LIMIT = {"80": 166912, "86": 101376, "89": 101376, "90": 232448}

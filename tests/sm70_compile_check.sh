@@ -8,7 +8,7 @@
 #   --install: apt-get the toolchain (root) when missing, and remove what it installed when
 #   done: its packages put CUDA 11.8's headers (cusparse.h among them) into /usr/include,
 #   where every later build would find them, so a second CI run on this machine would no
-#   longer test a clean one (issue 16).  --keep leaves them installed.
+#   longer test a clean one.  --keep leaves them installed.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

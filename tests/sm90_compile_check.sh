@@ -9,8 +9,8 @@
 # spills, draws a ptxas C75xx warning (wgmma serialized), or, for a stock (not persistent)
 # conv2d_fused kernel, needs so many registers that fewer CTAs fit an SM than its shared memory
 # allows (an epilogue's SiLU branch took 128x64x64_4s from 95 to 133 registers, from two CTAs
-# per SM to one, and FusedResNet's family-90 convs 1.4-1.7x longer, unnoticed for a day:
-# session 18).
+# per SM to one, and FusedResNet's family-90 convs 1.4-1.7x longer, unnoticed until
+# timed).
 #   usage: PYTHON=/path/to/python tests/sm90_compile_check.sh
 #   SM90_ONLY=REGEX compiles only the instances whose name matches (e.g. SM90_ONLY='_coop_|_pp_'
 #   for the persistent ones); JOBS=N compiles N at a time (default 1).

@@ -36,7 +36,7 @@ class LinearSiluTile:
 
 
 # In the order tried, from H100 probes of CvT-13's fc1 GEMMs (rows = tokens, K 64 / 192 / 384,
-# N 256 / 768 / 1536; docs/results/cvt_h100_session14/4_linear_silu_probe.log, 7_*): the
+# N 256 / 768 / 1536; each tile timed alone through CUTLASS_OPS_LINEAR_SILU_TILE): the
 # ping-pong 128x128 (one tile's epilogue under the other's mainloop) fastest at K=384 (36.9 us
 # against 42.2 for the best cooperative one at 12,608 rows) and at every K below 32,768 rows
 # (3,136 x 64: 6.2 against 7.5; 6,272 x 192: 12.3 against 14.6), the cooperative 256x128 at

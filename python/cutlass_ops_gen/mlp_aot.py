@@ -1,4 +1,4 @@
-"""FusedMLP kernels built ahead of time (issue 19): the build's MLP manifest -> sources.
+"""FusedMLP kernels built ahead of time: the build's MLP manifest -> sources.
 
 FusedMLP compiles a model's kernel at first use.  A wheel can carry some models' kernels
 instead: the build reads a manifest (JSON, named by CUTLASS_OPS_MLP_MODELS) such as
@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from .mlp import trace_mlp
+from .mlp_spec import trace_mlp
 from .mlp_emit import CTYPES, SMEM_LIMIT, aot_key, emit, nvcc_command
 
 

@@ -1,4 +1,4 @@
-"""FusedMLP code emitter (issue 19): ``MlpSpec`` -> one self-contained CUDA source.
+"""FusedMLP code emitter: ``MlpSpec`` -> one self-contained CUDA source.
 
 ``emit(spec, dtype, smem_limit)`` returns the text of a ``.cu`` file that holds, for one model
 and one dtype (float16 or bfloat16):
@@ -45,7 +45,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mlp import MlpSpec, padded
+from .mlp_spec import MlpSpec, padded
 
 THREADS = 128
 WARPS = 4

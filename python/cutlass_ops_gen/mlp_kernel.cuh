@@ -1,4 +1,4 @@
-// FusedMLP kernel building blocks (issue 19).  mlp_emit.py pastes this file, unchanged, at the
+// FusedMLP kernel building blocks.  mlp_emit.py pastes this file, unchanged, at the
 // top of each generated source and then instantiates it for one model (widths, bias, activation
 // functors) and one dtype.  No CUTLASS and no torch headers: warp-level tensor-core MMA through
 // inline PTX (ldmatrix + mma.sync.m16n8k16, fp32 accumulators; sm_80 and newer, sm_90 included),

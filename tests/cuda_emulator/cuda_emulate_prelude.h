@@ -2,7 +2,7 @@
 // kernels unchanged on a machine without a GPU: FusedMLP's generated kernels
 // (python/cutlass_ops_gen/mlp_kernel.cuh + mlp_emit.py; tests/python/test_mlp_emulator.py compiles
 // one with g++ -DFMLP_EMULATE and -include this file), the LayerNorm kernel
-// (kernels/layer_norm/layer_norm_device.cuh; tests/python/test_layer_norm.py) and others
+// (kernels/layer_norm_rows/layer_norm_rows_device.cuh; tests/python/test_layer_norm.py) and others
 // (dw_conv, se_gate: their *_harness.cpp).  Each CUDA thread
 // of a CTA is a fiber (ucontext) on one OS thread; a fiber runs until it reaches __syncthreads,
 // __syncwarp or a warp-collective instruction (__shfl_xor_sync here; ldmatrix and mma:

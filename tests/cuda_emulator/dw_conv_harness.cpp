@@ -1,7 +1,7 @@
-// cutlass_ops::dw_conv's kernel (kernels/dw_conv/dw_conv_device.cuh) on the CPU emulator, with
+// cutlass_ops::dw_conv's kernel (kernels/dw_conv3x3_tokens/dw_conv3x3_tokens_device.cuh) on the CPU emulator, with
 // the vector width the CUDA launcher would pick.  Built by tests/python/test_dw_conv.py:
 //   g++ -I kernels -include cuda_emulate_prelude.h dw_conv_harness.cpp
-#include "dw_conv/dw_conv_device.cuh"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_device.cuh"
 
 using namespace cutlass_ops::dw_conv;
 

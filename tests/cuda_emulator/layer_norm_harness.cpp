@@ -1,7 +1,7 @@
-// cutlass_ops::layer_norm's kernel (kernels/layer_norm/layer_norm_device.cuh) on the CPU
+// cutlass_ops::layer_norm's kernel (kernels/layer_norm_rows/layer_norm_rows_device.cuh) on the CPU
 // emulator, with the shape the CUDA launcher would pick.  Built by tests/python/test_layer_norm.py:
 //   g++ -I kernels -include cuda_emulate_prelude.h layer_norm_harness.cpp
-#include "layer_norm/layer_norm_device.cuh"
+#include "layer_norm_rows/layer_norm_rows_device.cuh"
 
 using namespace cutlass_ops::layer_norm;
 

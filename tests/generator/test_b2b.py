@@ -34,7 +34,7 @@ def test_generator_lists_them_for_cmake(tmp_path):
     assert main(["--archs", "80", "--kernels", "ci", "--out", str(tmp_path)]) == 0
     cmake = (tmp_path / "instances.cmake").read_text()
     assert "cutlass_ops_conv2d_b2b_f16_sm80_k64_k128_relu.cu" in cmake
-    assert "CUTLASS_OPS_B2B_DISPATCH_TABLE" in cmake
+    assert "CUTLASS_OPS_GENERATED_CONV2D_B2B_DISPATCH" in cmake
     assert (tmp_path / "cutlass_ops_conv2d_b2b_f16_sm80_k64_k128_relu.cu").exists()
     assert main(["--archs", "70", "--kernels", "all", "--out", str(tmp_path / "v")]) == 0
-    assert 'set(CUTLASS_OPS_INSTANCES_B2B )' in (tmp_path / "v" / "instances.cmake").read_text()
+    assert 'set(CUTLASS_OPS_GENERATED_CONV2D_B2B_SM80 )' in (tmp_path / "v" / "instances.cmake").read_text()

@@ -155,7 +155,7 @@ def test_generator_writes_instances_table_and_cmake_list(tmp_path):
         assert f"&{s[:-3]}}}" in (table if "_fused_" in s else backward)
     assert backward.count('", ConvKind::kDgrad') == 4 and backward.count('", ConvKind::kWgrad') == 2
     cmake = (out / "instances.cmake").read_text()
-    assert "CUTLASS_OPS_INSTANCES_SM80" in cmake and all(s in cmake for s in sources)
+    assert "CUTLASS_OPS_GENERATED_CONV2D_FUSED_SM80" in cmake and all(s in cmake for s in sources)
     # Re-running leaves files untouched (no needless recompiles).
     mtimes = {p: p.stat().st_mtime_ns for p in out.iterdir()}
     generate(["--archs", "80", "--kernels", "ci", "--out", str(out)])
@@ -273,8 +273,8 @@ def test_family_90_iff_90_in_archs(archs, kernel_set, tmp_path):
     sm90 = sorted(p.name for p in out.glob("cutlass_ops_conv2d_*_sm90_*.cu"))
     assert bool(sm90) == (90 in archs)
     cmake = (out / "instances.cmake").read_text()
-    line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
-    assert all(s in line for s in sm90) and (line == "set(CUTLASS_OPS_INSTANCES_SM90 )") == (90 not in archs)
+    line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_GENERATED_CONV2D_FUSED_SM90"))
+    assert all(s in line for s in sm90) and (line == "set(CUTLASS_OPS_GENERATED_CONV2D_FUSED_SM90 )") == (90 not in archs)
     if 90 in archs:
         expected = len(SM90_CI_TILES) if kernel_set == "ci" else 2 * len(SM90_TILES)
         assert len(sm90) == expected
@@ -427,8 +427,8 @@ def test_linear_silu_instances_iff_90_in_archs(archs, kernel_set, tmp_path):
     assert f"kLinearSiluInstanceCount = {len(names)};" in table
     assert all(f'{{"{n}", DType::' in table for n in names)
     line = next(x for x in (out / "instances.cmake").read_text().splitlines()
-                if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
+                if x.startswith("set(CUTLASS_OPS_GENERATED_LINEAR_SILU_SM90"))
     assert all(n in line for n in names)  # compiled with the family-90 (sm_90a) flags
-    assert "CUTLASS_OPS_LINEAR_SILU_DISPATCH_TABLE" in (out / "instances.cmake").read_text()
+    assert "CUTLASS_OPS_GENERATED_LINEAR_SILU_DISPATCH" in (out / "instances.cmake").read_text()
     if 90 in archs and kernel_set == "all":  # the ping-pong tile first, for K >= 256 only
         assert re.search(r'_pp", DType::kF16, 256, 32768, ', table) and re.search(r'_coop", DType::kF16, 0, 0, ', table)

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
-from cutlass_ops_gen.mlp import trace_mlp  # noqa: E402
+from cutlass_ops_gen.mlp_spec import trace_mlp  # noqa: E402
 from cutlass_ops_gen.mlp_aot import build_model, main, write  # noqa: E402
 from cutlass_ops_gen.mlp_emit import SMEM_LIMIT, aot_key, emit  # noqa: E402
 

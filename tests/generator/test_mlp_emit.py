@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
-from cutlass_ops_gen.mlp import trace_mlp  # noqa: E402
+from cutlass_ops_gen.mlp_spec import trace_mlp  # noqa: E402
 from cutlass_ops_gen.mlp_emit import (DW_ACC_BUDGET, choose_config, dw_units, emit, nvcc_command,  # noqa: E402
                                        resident_layout)
 
@@ -44,7 +44,7 @@ def test_small_model_gets_the_big_tile_everywhere():
 
 @pytest.mark.parametrize("limit, warps", [(SM90, 16), (SM80, 12), (SM86, 4)])
 def test_resident_weights_where_they_fit(limit, warps):
-    """Issue 19's width-64 model: its 35 KB of weights stay in shared memory beside as many
+    """The reference width-64 model: its 35 KB of weights stay in shared memory beside as many
     warps' 32-row tiles (two of 32 x 72 halves each) as fit."""
     spec = trace_mlp(seq([32, 64, 64, 64, 64, 16]), None)
     cfg = choose_config(spec, limit)
@@ -76,7 +76,7 @@ def test_dw_units_cover_each_tile_once(widths, warps):
 
 
 def test_inplace_resident_where_one_tile_per_warp_fits():
-    """Issue 19's width-128 model: its 184 KB of weights leave room for 4 warps' single tiles on
+    """The reference width-128 model: its 184 KB of weights leave room for 4 warps' single tiles on
     sm90 (not two each), so inplace=True keeps them resident (one tile per warp, each layer
     overwriting its input); by default, and where even that does not fit, they stream."""
     spec = trace_mlp(seq([32] + [128] * 6 + [16]), None)
@@ -94,7 +94,7 @@ def test_inplace_resident_where_one_tile_per_warp_fits():
 
 @pytest.mark.parametrize("limit", [SM90, SM80, SM86])
 def test_fused_dw_where_the_gradients_fit_in_registers(limit):
-    """Issue 19's width-64 model gets the fused-dW backward on every arch (4 warps, 152 float32
+    """The reference width-64 model gets the fused-dW backward on every arch (4 warps, 152 float32
     accumulators a thread); the width-128 one does not (its weights are not even resident)."""
     cfg = choose_config(trace_mlp(seq([32, 64, 64, 64, 64, 64, 16]), None), limit)
     assert cfg.dw_warps == 4 and cfg.smem_dw <= limit

@@ -1,4 +1,4 @@
-"""FusedMLP front end (cutlass_ops_gen.mlp): tracing, widths, and the emitted CUDA expressions.
+"""FusedMLP front end (cutlass_ops_gen.mlp_spec): tracing, widths, and the emitted CUDA expressions.
 
 CPU only.  The emitted CUDA expression strings are parsed and evaluated here in float64 by a
 small evaluator of our own, and compared with torch's activation and its autograd gradient.
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from cutlass_ops_gen.mlp import padded, trace_mlp  # noqa: E402
+from cutlass_ops_gen.mlp_spec import padded, trace_mlp  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,9 +90,9 @@ def test_generator_switch_adds_instances_table_rows_and_cmake_entries(tmp_path):
                      r"DType::kF16, 8, false, 128, 64, 64, 4, &cutlass_ops_conv2d_dgrad_f16_sm90_\w+\},", backward)
     assert re.search(r'\{"cutlass_ops_conv2d_wgrad_f16_sm90_128x64x64_4s_1x1c_align8", ConvKind::kWgrad, 90, ', backward)
     cmake = (on / "instances.cmake").read_text()
-    line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_INSTANCES_SM90"))
+    line = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_GENERATED_CONV2D_BACKWARD_SM90"))
     assert all(n in line for n in new)
-    line80 = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_INSTANCES_SM80"))
+    line80 = next(x for x in cmake.splitlines() if x.startswith("set(CUTLASS_OPS_GENERATED_CONV2D_BACKWARD_SM80"))
     assert not any(n in line80 for n in new)
 
 

@@ -693,7 +693,7 @@ def test_ahead_of_time_kernels_installed():
     under the key of the source it would otherwise compile (so it needs no nvcc)."""
     from cutlass_ops import _library
     from cutlass_ops.mlp_jit import aot_library
-    from cutlass_ops_gen.mlp import trace_mlp
+    from cutlass_ops_gen.mlp_spec import trace_mlp
     from cutlass_ops_gen.mlp_aot import build_model
     from cutlass_ops_gen.mlp_emit import SMEM_LIMIT, emit
     index = _aot_index()

@@ -1,9 +1,9 @@
 // cutlass_ops::scale_samples(x, scale) -> y: y[n, ...] = x[n, ...] * scale[n], the product in
 // scale's dtype (float32, or float64 for a float64 x) rounded once to x's dtype.  FusedCvT's drop
 // path (timm's x.div(keep_prob) * mask, two passes each way) as one multiply forward and
-// backward.  Schema, checks and the CPU (ATen) implementation; CUDA in sample_scale_cuda.cpp,
+// backward.  Schema, checks and the CPU (ATen) implementation; CUDA in scale_samples_cuda.cpp,
 // the fake and autograd in cutlass_ops/ops.py and autograd.py.
-#include "sample_scale/sample_scale_op.h"
+#include "scale_samples/scale_samples_op.h"
 
 #include <vector>
 

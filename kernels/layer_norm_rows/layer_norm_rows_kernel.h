@@ -5,9 +5,9 @@
 // One pass, fp16/bf16 in and out, float32 statistics and arithmetic (CvT computes its
 // LayerNorms in float32); weight and bias read as float32 or in x's dtype (converted exactly).  A row is handled by 4-32 lanes of a warp, so a warp takes
 // 1-8 rows at once (ATen's kernel spends a block on each row: 307 us for a 200704 x 64
-// LayerNorm on an H100, docs/results/cvt_fp16_h100_n64.json).  No torch here: the device code is
-// layer_norm_device.cuh (also run on the CPU emulator, tests/cuda_emulator), the torch side
-// layer_norm_cuda.cpp.
+// LayerNorm on an H100, in CvT-13's fp16 forward at N=64).  No torch here: the device code is
+// layer_norm_rows_device.cuh (also run on the CPU emulator, tests/cuda_emulator), the torch side
+// layer_norm_rows_cuda.cpp.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // y[n, i] = x[n, i] * scale[n]: each sample of a 16-bit tensor scaled by its own float32 factor,
 // the product in float32 rounded once (FusedCvT's drop path: mask / keep_prob per sample).  No
-// torch here; the torch side is sample_scale_cuda.cpp.
+// torch here; the torch side is scale_samples_cuda.cpp.
 #pragma once
 
 #include <cuda_runtime.h>

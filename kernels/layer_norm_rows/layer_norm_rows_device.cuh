@@ -1,4 +1,4 @@
-// The LayerNorm kernel (layer_norm_kernel.h), torch-free and launch-free so that the CPU
+// The LayerNorm kernel (layer_norm_rows_kernel.h), torch-free and launch-free so that the CPU
 // emulator can run it too (tests/python/test_layer_norm.py).
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "common/half_chunk.cuh"
-#include "layer_norm/layer_norm_kernel.h"
+#include "layer_norm_rows/layer_norm_rows_kernel.h"
 
 namespace cutlass_ops {
 namespace layer_norm {

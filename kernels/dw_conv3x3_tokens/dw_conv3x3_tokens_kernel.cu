@@ -1,11 +1,11 @@
-#include "dw_conv/dw_conv_kernel.h"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_kernel.h"
 
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/dynamic_smem.h"
-#include "dw_conv/dw_conv_device.cuh"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_device.cuh"
 
 namespace cutlass_ops {
 namespace dw_conv {

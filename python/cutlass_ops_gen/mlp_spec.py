@@ -1,4 +1,4 @@
-"""FusedMLP front end: trace a user's PyTorch MLP into an ``MlpSpec`` (issue 19, part 1).
+"""FusedMLP front end: trace a user's PyTorch MLP into an ``MlpSpec``.
 
 This is the generator's front end: it turns a model into the description that the code
 emitter (``mlp_emit.py``) and ``cutlass_ops.FusedMLP`` consume.  It runs on the CPU and needs
@@ -270,7 +270,7 @@ def to_torch(e: Expr, x):
     it (``select`` is ``c > 0 ? a : b``, ``relu`` is ``u < 0 ? 0 : u``, sigmoid ``1 / (1 + exp(-u))``).
     Constants stay Python numbers (a scalar operand, as the CUDA expression's float literal),
     not tensors the size of x: SIREN's sin(30 x) on a 2^21 x 256 fp16 activation ran 1.3x
-    eager PyTorch's time with each 30 materialized (H200, session 12)."""
+    eager PyTorch's time with each 30 materialized (H200)."""
     import torch
     out = _to_torch(e, x)
     return out if isinstance(out, torch.Tensor) else torch.full_like(x, out)

@@ -1,6 +1,6 @@
-#include "layer_norm/layer_norm_kernel.h"
+#include "layer_norm_rows/layer_norm_rows_kernel.h"
 
-#include "layer_norm/layer_norm_device.cuh"
+#include "layer_norm_rows/layer_norm_rows_device.cuh"
 
 namespace cutlass_ops {
 namespace layer_norm {

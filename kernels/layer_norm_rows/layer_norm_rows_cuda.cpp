@@ -1,8 +1,8 @@
 // CUDA implementations of cutlass_ops::layer_norm_rows and layer_norm_rows_backward (kernels in
-// layer_norm_kernel.cu): fp16 and bf16 rows the kernels cover; ATen's otherwise.
+// layer_norm_rows_kernel.cu): fp16 and bf16 rows the kernels cover; ATen's otherwise.
 #include "common/cuda_device.h"
-#include "layer_norm/layer_norm_kernel.h"
-#include "layer_norm/layer_norm_op.h"
+#include "layer_norm_rows/layer_norm_rows_kernel.h"
+#include "layer_norm_rows/layer_norm_rows_op.h"
 
 namespace cutlass_ops {
 namespace layer_norm {

@@ -5,9 +5,9 @@
 // dw_bn q/k/v projections in one call, the cls token as the lead (CvT's stage 3).
 // layer_norm_dw_conv3x3_tokens(x, h, w, ln_weight, ln_bias, eps, weight, bias, strides, lead):
 // the same convs on LayerNorm(x) (and the lead rows LayerNormed), the block's norm1 inside the
-// kernel.  Schema, checks and the CPU (ATen) implementations; CUDA in dw_conv_cuda.cpp, the
+// kernel.  Schema, checks and the CPU (ATen) implementations; CUDA in dw_conv3x3_tokens_cuda.cpp, the
 // fakes and autograd in cutlass_ops/ops.py and autograd.py.
-#include "dw_conv/dw_conv_op.h"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_op.h"
 
 #include <cmath>
 

@@ -5,8 +5,8 @@
 //   (grad_x, grad_weight, grad_bias)   grad_x = LayerNorm's input gradient + grad_sum, in s's
 //   dtype; the parameter gradients in the statistics' dtype (empty where not asked for).
 // Used by cutlass_ops/ops.py and autograd.py (fake impls, autograd) and FusedCvT.  Schemas,
-// checks and the CPU (ATen) implementations; CUDA in layer_norm_cuda.cpp.
-#include "layer_norm/layer_norm_op.h"
+// checks and the CPU (ATen) implementations; CUDA in layer_norm_rows_cuda.cpp.
+#include "layer_norm_rows/layer_norm_rows_op.h"
 
 namespace cutlass_ops {
 namespace layer_norm {

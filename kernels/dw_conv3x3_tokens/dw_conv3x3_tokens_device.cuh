@@ -1,4 +1,4 @@
-// The depthwise conv kernel (dw_conv_kernel.h), torch-free and launch-free so that the CPU
+// The depthwise conv kernel (dw_conv3x3_tokens_kernel.h), torch-free and launch-free so that the CPU
 // emulator can run it too (tests/python/test_dw_conv.py).
 #pragma once
 
@@ -8,14 +8,14 @@
 #include <type_traits>
 
 #include "common/half_chunk.cuh"
-#include "dw_conv/dw_conv_kernel.h"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_kernel.h"
 
 namespace cutlass_ops {
 namespace dw_conv {
 
 constexpr int kThreads = 256;
-// Input pixels along a row per thread: even, so that stride-2 centres stay even; on the H200
-// strips of 8 beat 4 and 2 (docs/results/cvt_h200_session13/).
+// Input pixels along a row per thread: even, so that stride-2 centres stay even; timed on an
+// H200 over CvT-13's depthwise convs, strips of 8 beat 4 and 2.
 constexpr int kStrip = 8;
 
 // The window column at input x (3 rows around iy), zeros outside the map.
@@ -496,8 +496,8 @@ __global__ void __launch_bounds__(kTileThreads, 3) dw_conv_tile_kernel(DwConvArg
 // forward kernel; each gradient element written once (no atomics), the sums in float32 in the order
 // projection, ky, kx: deterministic.  Each gradient row's columns for the strip are loaded once
 // (backward_row) and shared by its pixels' taps.  Where cuDNN ran a dgrad per projection and
-// autograd added the three (190 / 133 / 75 us per attention, H100, N=64;
-// docs/results/cvt_h100_session14/7_dw_backward_probe.log).
+// autograd added the three (190 / 133 / 75 us per attention, H100, CvT-13 at N=64, timed by a
+// probe of the input gradient alone).
 //
 // Strips of 4 (even: stride-2 columns line up) with two CTAs an SM (16-bit taps: 128 registers,
 // 128 bytes spilled): on an H100 at CvT's N=64 maps 61.9 / 51.0 / 29.6 us per attention, where
@@ -613,7 +613,7 @@ inline int dw_conv_vec(DwConvArgs const& a) {
   return ok ? 8 : 1;
 }
 
-// The kernel variant to run, for the launcher (dw_conv_kernel.cu) and the CPU emulator alike:
+// The kernel variant to run, for the launcher (dw_conv3x3_tokens_kernel.cu) and the CPU emulator alike:
 // calls run(Vec, Packed) once, Vec a std::integral_constant<int, 8 or 1> (the vector width) and
 // Packed a std::bool_constant, true where the weights are read as 16-byte chunks and kept 16-bit
 // (Taps): 16-bit parameters and 16-byte accesses.  The same for the forward and backward kernels.

@@ -1,9 +1,9 @@
 // CUDA implementation of cutlass_ops::dw_conv3x3_tokens and layer_norm_dw_conv3x3_tokens (kernels
-// in dw_conv_kernel.cu): fp16 and bf16, all projections in one launch; ATen's path (dw_conv_op.cpp)
+// in dw_conv3x3_tokens_kernel.cu): fp16 and bf16, all projections in one launch; ATen's path (dw_conv3x3_tokens_op.cpp)
 // for other dtypes.
 #include "common/cuda_device.h"
-#include "dw_conv/dw_conv_kernel.h"
-#include "dw_conv/dw_conv_op.h"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_kernel.h"
+#include "dw_conv3x3_tokens/dw_conv3x3_tokens_op.h"
 
 namespace cutlass_ops {
 namespace dw_conv {

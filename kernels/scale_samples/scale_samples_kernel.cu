@@ -1,4 +1,4 @@
-#include "sample_scale/sample_scale_kernel.h"
+#include "scale_samples/scale_samples_kernel.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,8 +1,8 @@
-// CUDA implementation of cutlass_ops::scale_samples (kernel in sample_scale_kernel.cu): fp16 and
-// bf16 x; ATen's path (sample_scale_op.cpp) for other dtypes.
+// CUDA implementation of cutlass_ops::scale_samples (kernel in scale_samples_kernel.cu): fp16 and
+// bf16 x; ATen's path (scale_samples_op.cpp) for other dtypes.
 #include "common/cuda_device.h"
-#include "sample_scale/sample_scale_kernel.h"
-#include "sample_scale/sample_scale_op.h"
+#include "scale_samples/scale_samples_kernel.h"
+#include "scale_samples/scale_samples_op.h"
 
 namespace cutlass_ops {
 namespace sample_scale {

@@ -4,12 +4,12 @@
 // cls token), the conv's rows after them.  CvT's dw_bn q/k/v projections in eval mode
 // (BatchNorm folded into weight and bias; q at stride 1, k and v at stride 2) then need one
 // kernel, where cuDNN's depthwise conv took one each, with a bias add and a concatenation after
-// it.  Two forward kernels (dw_conv_device.cuh): a tiled one, which copies a band of rows with
+// it.  Two forward kernels (dw_conv3x3_tokens_device.cuh): a tiled one, which copies a band of rows with
 // its halo into shared memory once and computes every projection's outputs centred in it, and
 // a strip one for maps too wide for that band and unaligned (element-wise) inputs.  Float32
 // arithmetic, fp16/bf16 in and out.  No torch here: the device code is
-// dw_conv_device.cuh (also run on the CPU emulator, tests/cuda_emulator), the torch side
-// dw_conv_cuda.cpp.
+// dw_conv3x3_tokens_device.cuh (also run on the CPU emulator, tests/cuda_emulator), the torch side
+// dw_conv3x3_tokens_cuda.cpp.
 #pragma once
 
 #include <cuda_runtime.h>
