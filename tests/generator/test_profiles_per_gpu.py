@@ -3,9 +3,13 @@ adding a profile for one GPU leaves every other GPU's kernel choices unchanged, 
 without a profile has no rules (the dispatcher's default choice; kernels/common/gpu_profile.h,
 checked on the compiled dispatcher by tests/cpp/test_profile_choice.cpp).  CPU only."""
 import csv
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from cutlass_ops_gen.__main__ import main as generate
 from cutlass_ops_gen.manifest import instance_keys
@@ -164,3 +168,64 @@ def test_profile_folders_are_named_by_the_device_slug():
         header = path.read_text().splitlines()[0]
         device = re.match(r"# cutlass_ops profile: (.+?) \(sm\d+\)", header).group(1)
         assert slug(device) == path.parent.name, path
+
+
+def _cuda_include() -> Path | None:
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "include" / "cuda_runtime.h").is_file():
+            return Path(root)
+    nvcc = shutil.which("nvcc")
+    return Path(nvcc).resolve().parents[1] if nvcc and (Path(nvcc).resolve().parents[1] / "include").is_dir() else None
+
+
+def _stubs(table: Path, namespace: str, signature: str) -> str:
+    """A definition of every kernel the table declares that only says it can run anything: the
+    choice code runs without a GPU and without compiling the kernels."""
+    names = re.findall(r"^cutlass::Status (\w+)\(", table.read_text(), re.M)
+    body = "\n".join(f"cutlass::Status {n}{signature} {{ return cutlass::Status::kSuccess; }}" for n in names)
+    return f"namespace cutlass_ops {{ namespace {namespace} {{\n{body}\n}} }}\n"
+
+
+def test_compiled_dispatcher_follows_only_the_running_gpus_rules(tmp_path):
+    """tests/cpp/test_profile_choice.cpp on the real dispatchers, linked with the tables the
+    generator writes for an sm90 build with every kernel and the committed profiles (and with a
+    new GPU's added): kernels stubbed, so it runs on any machine with a C++ compiler and the
+    CUDA runtime (skipped without them)."""
+    cxx, cuda = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++"), _cuda_include()
+    lib = next((cuda / d for d in ("lib64", "lib", "targets/x86_64-linux/lib") if cuda and (cuda / d / "libcudart.so").exists()), None)
+    if not cxx or not cuda or not lib:
+        pytest.skip("needs a C++ compiler and the CUDA runtime (headers and libcudart)")
+    import cutlass_library
+    cutlass = Path(cutlass_library.__file__).parent / "source" / "include"
+    root = Path(__file__).resolve().parents[2]
+    flags = ["-std=gnu++17", "-O0", f"-I{root / 'kernels'}", "-isystem", str(cutlass), "-isystem", str(cuda / "include")]
+
+    def compile_(src: Path, obj: Path) -> Path:
+        subprocess.run([cxx, *flags, "-c", str(src), "-o", str(obj)], check=True)
+        return obj
+
+    fused_rules = {gpu: sum(k.op == "conv2d_fused" for k, _ in rules) for gpu, rules in _rules_by_gpu(PROFILES).items()}
+    common = [compile_(root / "kernels" / "conv2d_fused" / "conv2d_fused_dispatch.cpp", tmp_path / "fused.o"),
+              compile_(root / "kernels" / "conv2d_backward" / "conv2d_backward_dispatch.cpp", tmp_path / "backward.o"),
+              compile_(root / "tests" / "cpp" / "test_profile_choice.cpp", tmp_path / "test.o")]
+    for name, profiles in (("committed", PROFILES), ("with_new_gpu", _with_new_gpu(tmp_path / "with_new_gpu"))):
+        gen = tmp_path / name / "gen"
+        assert generate(["--archs", "90", "--kernels", "all", "--sm90-backward", "--profiles", str(profiles),
+                         "--out", str(gen)]) == 0
+        fused, backward = gen / "conv2d_fused_dispatch_table.cpp", gen / "conv2d_backward_dispatch_table.cpp"
+        stubs = gen / "stubs.cpp"
+        stubs.write_text('#include "conv2d_fused/conv2d_fused_dispatch.h"\n'
+                         '#include "conv2d_backward/conv2d_backward_dispatch.h"\n' +
+                         _stubs(fused, "conv2d_fused", "(Conv2dFusedArgs const&, cudaStream_t)") +
+                         _stubs(backward, "conv2d_backward", "(Conv2dBackwardArgs const&, cudaStream_t, bool)"))
+        objs = [compile_(f, gen / (f.stem + ".o")) for f in (fused, backward, stubs)]
+        exe = gen / "test_profile_choice"
+        subprocess.run([cxx, "-o", str(exe), *map(str, common + objs), f"-L{lib}", "-lcudart", f"-Wl,-rpath,{lib}"],
+                       check=True)
+        run = subprocess.run([str(exe)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.rstrip().endswith("checks failed") and "FAIL" not in run.stdout, run.stdout
+        # The committed GPUs' slices keep their sizes; the new GPU's is there.
+        for gpu in COMMITTED:
+            assert f"{gpu} ({fused_rules[gpu]})" in run.stdout, run.stdout
+        assert (f"{NEW_GPU} (" in run.stdout) == (name == "with_new_gpu")
