@@ -65,12 +65,24 @@ int sm90_wgrad_slices(Conv2dBackwardArgs const& a, KernelEntry const& e, int num
   return slices < 2 ? 1 : static_cast<int>(slices);
 }
 
-ProfileRule const* profile_rule(Conv2dBackwardArgs const& a, int family) {
+ProfileGpu profile_gpu(char const* gpu) { return find_profile_gpu(kProfileGpus, kNumProfileGpus, gpu); }
+
+ProfileRule const* profile_rule(Conv2dBackwardArgs const& a, int family, ProfileGpu const& gpu) {
   long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
-  return nearest_rule(kProfileRules, kNumProfileRules, gemm_m, [&](ProfileRule const& r) {
+  return nearest_rule(kProfileRules + gpu.first, gpu.count, gemm_m, [&](ProfileRule const& r) {
     return r.kernel >= -1 && r.family == family && r.kind == a.kind && r.dtype == a.dtype && r.C == a.C &&
            r.K == a.K && r.R == a.R && r.S == a.S && r.stride == a.stride_h && a.stride_h == a.stride_w;
   });
+}
+
+ProfileRule const* profile_rule(Conv2dBackwardArgs const& a, int family, char const* gpu) {
+  return profile_rule(a, family, profile_gpu(gpu));
+}
+
+bool family_90_first(Sm90Policy policy, ProfileRule const* rule90, ProfileRule const* rule80) {
+  return policy == Sm90Policy::kFirst ||
+         (policy == Sm90Policy::kProfiled && rule90 != nullptr && rule90->kernel >= 0 &&
+          (rule80 == nullptr || rule90->runtime_ms < rule80->runtime_ms));
 }
 
 Sm90Policy sm90_policy_from_env() {
@@ -143,7 +155,7 @@ KernelEntry const* plan_sm90(Conv2dBackwardArgs const& a, int num_sms, char cons
 }  // namespace
 
 Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, int forced_split_k,
-          Sm90Policy policy) {
+          Sm90Policy policy, char const* gpu) {
   Plan result;
   if (cc < 80) {
     result.why_not = "no dgrad/wgrad kernels for sm" + std::to_string(cc) + " (they need sm80+)";
@@ -155,15 +167,14 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
     result.why_not = "the kernels need channel counts that are multiples of 8 and 16-byte aligned tensors";
     return result;
   }
+  // This GPU's rules only (none for a GPU without a profile: the default, gpu_profile.h).
+  ProfileGpu const rules = only == nullptr ? profile_gpu(gpu) : ProfileGpu{"", 0, 0};
   // Family 90 (sm_90a code: sm90 only): forced by name, or where the policy and the profile
   // say so; if none of its kernels can run the problem, the family-80 plan below.
   if (cc == 90 && (only != nullptr || policy != Sm90Policy::kOff)) {
-    ProfileRule const* rule90 = only == nullptr ? profile_rule(a, 90) : nullptr;
-    ProfileRule const* rule80 = only == nullptr ? profile_rule(a, 80) : nullptr;
-    bool const try90 = only != nullptr || policy == Sm90Policy::kFirst ||
-                       (rule90 != nullptr && rule90->kernel >= 0 &&
-                        (rule80 == nullptr || rule90->runtime_ms < rule80->runtime_ms));
-    if (try90) {
+    ProfileRule const* rule90 = only == nullptr ? profile_rule(a, 90, rules) : nullptr;
+    ProfileRule const* rule80 = only == nullptr ? profile_rule(a, 80, rules) : nullptr;
+    if (only != nullptr || family_90_first(policy, rule90, rule80)) {
       int slices = 1;
       KernelEntry const* e = plan_sm90(a, num_sms, only, forced_split_k, rule90, slices, result.why_not);
       if (e != nullptr) {
@@ -193,7 +204,7 @@ Plan plan(Conv2dBackwardArgs const& a, int cc, int num_sms, char const* only, in
   order_by_occupancy(strided, num_sms, g.m, g.n);
   std::vector<Candidate> candidates = unity;
   candidates.insert(candidates.end(), strided.begin(), strided.end());
-  ProfileRule const* rule = only == nullptr ? profile_rule(a, 80) : nullptr;
+  ProfileRule const* rule = only == nullptr ? profile_rule(a, 80, rules) : nullptr;
   if (rule != nullptr && rule->kernel == -1 && profile_may_choose_cudnn()) {
     result.prefer_cudnn = true;
     result.why_not = "the profile measured cuDNN faster on this problem";

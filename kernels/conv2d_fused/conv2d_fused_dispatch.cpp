@@ -106,25 +106,29 @@ int family_for_device(int cc) {
   return families.empty() ? 0 : families.front();
 }
 
-ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment) {
+ProfileGpu profile_gpu(char const* gpu) { return find_profile_gpu(kProfileGpus, kNumProfileGpus, gpu); }
+
+ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment, ProfileGpu const& gpu) {
   long long gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
-  return nearest_rule(kProfileRules, kNumProfileRules, gemm_m, [&](ProfileRule const& r) {
+  return nearest_rule(kProfileRules + gpu.first, gpu.count, gemm_m, [&](ProfileRule const& r) {
     return r.kernel >= 0 && r.family == family && r.dtype == a.dtype && r.alignment == alignment && r.C == a.C &&
            r.K == a.K && r.R == a.R && r.S == a.S && r.stride == a.stride_h && a.stride_h == a.stride_w;
   });
 }
 
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
-                    char const* only, int forced_split_k, bool hand_written) {
+                    char const* only, int forced_split_k, bool hand_written, char const* gpu) {
   LaunchResult result;
   int max_align = channel_alignment(a);
   long long const gemm_m = static_cast<long long>(a.N) * a.P * a.Q;
   std::vector<int> families = families_for_device(cc);
+  // This GPU's rules only (none for a GPU without a profile: the default, gpu_profile.h).
+  ProfileGpu const rules = profile_gpu(gpu);
   // A forced kernel runs whatever its family; otherwise the policy and the profile decide
   // (family 90 has alignment-8 kernels only).
   if (only == nullptr)
     families = families_to_try(families, a.act == Activation::kSilu ? Sm90Policy::kNever : a.sm90_policy,
-                               profile_rule(a, 90, 8), profile_rule(a, 80, 8));
+                               profile_rule(a, 90, 8, rules), profile_rule(a, 80, 8, rules));
   // The hand-written kernels first: each covers one problem class, where it measured faster
   // than every generated kernel and cuDNN (conv2d_fused_sm90_halo.cu), and refuses the rest.
   // Under the automatic choice they follow the family-90 policy (not with CUTLASS_OPS_SM90=0)
@@ -162,7 +166,7 @@ LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t 
         candidates.push_back({&e, kernel_ctas(a, e)});
       }
       order_by_occupancy(candidates, num_sms, gemm_m, a.K);
-      ProfileRule const* rule = profile_rule(a, family, align);
+      ProfileRule const* rule = profile_rule(a, family, align, rules);
       if (rule != nullptr) {  // the measured winner first, the rest keep their order
         auto first = std::find_if(candidates.begin(), candidates.end(),
                                   [&](Candidate const& c) { return c.entry == &kKernels[rule->kernel]; });

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cutlass/cutlass.h"
+#include "common/gpu_profile.h"
 #include "conv2d_fused/conv2d_fused_args.h"
 
 namespace cutlass_ops {
@@ -28,8 +29,8 @@ struct KernelEntry {
 extern const KernelEntry kKernels[];
 extern const int kNumKernels;
 
-// A measured winner (profiles/): for this problem class the kernel kKernels[kernel] with
-// `split_k` serial split-K slices was fastest at GEMM M = gemm_m (= N*P*Q).
+// A measured winner (profiles/<gpu>/): for this problem class the kernel kKernels[kernel] with
+// `split_k` serial split-K slices was fastest at GEMM M = gemm_m (= N*P*Q) on that GPU.
 struct ProfileRule {
   int family;
   DType dtype;
@@ -44,9 +45,18 @@ struct ProfileRule {
 extern const ProfileRule kProfileRules[];
 extern const int kNumProfileRules;
 
-// The profile rule for `a` (same class, nearest M on a log scale), or null when no rule
-// covers the problem.
-ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment);
+// The GPUs with rules, each with its slice of kProfileRules (common/gpu_profile.h).
+extern const ProfileGpu kProfileGpus[];
+extern const int kNumProfileGpus;
+
+// The rules of GPU `gpu` (a profiles/ folder name; null: the current device's, looked up once
+// per device).  A GPU without a profile gets none: the default choice (common/gpu_profile.h's
+// find_profile_gpu says which).
+ProfileGpu profile_gpu(char const* gpu = nullptr);
+
+// The profile rule among `gpu`'s for `a` (same class, nearest M on a log scale), or null when
+// none of that GPU's rules covers the problem.
+ProfileRule const* profile_rule(Conv2dFusedArgs const& a, int family, int alignment, ProfileGpu const& gpu);
 
 // Largest alignment in {8,4,2,1} that divides C and K and that every pointer honours.
 int channel_alignment(Conv2dFusedArgs const& a);
@@ -59,7 +69,8 @@ std::vector<int> families_for_device(int cc);
 // The families the automatic choice tries for a problem, in order, on a device that runs
 // `device_families`: family 90 (when present) is kept per `policy` (conv2d_fused_args.h), where
 // kProfiled keeps it first only when its profile rule `rule90` is faster than family 80's
-// `rule80` (or family 80 has none); otherwise it is dropped.
+// `rule80` (or family 80 has none); otherwise it is dropped.  Both rules are the running GPU's
+// (profile_gpu): without a rule90 (no profile for this GPU) family 90 is dropped.
 std::vector<int> families_to_try(std::vector<int> device_families, Sm90Policy policy,
                                  ProfileRule const* rule90, ProfileRule const* rule80);
 
@@ -101,7 +112,7 @@ struct LaunchResult {
 // Runs the best table entry that fits `a` on a device of compute capability `cc` with
 // `num_sms` multiprocessors: family by family (families_for_device, then families_to_try
 // unless forced), the widest channel alignment the tensors allow first; within it the
-// profile rule's kernel, then the rest by occupancy (common/tile_order.h).  A kernel whose
+// profile rule's kernel (the running GPU's), then the rest by occupancy (common/tile_order.h).  A kernel whose
 // can_implement() refuses the problem falls through to the next one, its reason recorded.
 // `only` (the profiler's forced kernel) restricts the choice to the entry of that name,
 // and `forced_split_k` > 0 fixes its split-K slices.
@@ -109,8 +120,10 @@ struct LaunchResult {
 // (then only a forced one runs).
 // When none fits, nothing is launched and `why_not` says why (the caller falls back).
 // A launch that failed returns its kernel with status kErrorInternal.
+// The profile rules are those of GPU `gpu` (profile_gpu(gpu); null: the current device's) only.
 LaunchResult launch(Conv2dFusedArgs const& a, int cc, int num_sms, cudaStream_t stream,
-                    char const* only = nullptr, int forced_split_k = 0, bool hand_written = true);
+                    char const* only = nullptr, int forced_split_k = 0, bool hand_written = true,
+                    char const* gpu = nullptr);
 
 }  // namespace conv2d_fused
 }  // namespace cutlass_ops

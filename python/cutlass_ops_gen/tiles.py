@@ -28,7 +28,12 @@ backward profile cuDNN's rows (``Operation`` cudnn) compete too: where cuDNN win
 rule sends the problem to the ATen (cuDNN) path.  The generator instantiates the
 defaults plus every winner, and emits one rule per problem: the dispatcher runs the
 rule's tile and split for a problem with the same (c, k, r, s, stride) and the nearest M
-(log scale).  Family-90 profiles (profiles/<gpu>/sm90.csv) are read the same way; their rows
+(log scale).  Rules are per GPU: each profiles/<gpu>/ folder (named by
+cutlass_ops/tools/profiler.py's gpu_slug of the device name) yields its own rules, keyed by that
+name, and the dispatcher follows only the rules of the GPU it runs on (a GPU without a profile
+gets the default choice, never another GPU's rules; profiles/README.md).  The tiles built are the
+union over all GPUs (one wheel serves every GPU).  Family-90 profiles (profiles/<gpu>/sm90.csv)
+are read the same way; their rows
 need no warps columns, take the cluster from cluster_m/cluster_n (1 when absent), the kernel
 schedule (persistent coop / pp) from a ``schedule`` column or the Operation name, and never
 split K (the 3.x conv kernel has no split-K) except family-90 wgrad rows, whose parallel
@@ -39,7 +44,7 @@ from __future__ import annotations
 import csv
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .manifest import OP_FAMILY, InstanceKey
@@ -112,7 +117,7 @@ SM90_STOCK_TILES = [
 # Persistent kernels (cooperative / ping-pong, the same fused EVT epilogue): the configurations
 # that won FusedResNet's N=2048 problems in the experiment's persistent sweep (coop 128x128
 # 6-stage, coop 256x128 and 128x256 4-stage for the large-K 3x3 convs, ping-pong 128x64
-# 6-stage for 16x16 64->64).  In the H100 profile of 2026-11-25 they win 23 of 60 problems,
+# 6-stage for 16x16 64->64).  In profiles/h100-80gb-hbm3/sm90.csv they win 23 of 60 problems,
 # every N=2048 conv but the stem's, by 11-27% over the best stock kernel.
 SM90_PERSISTENT_TILES = [
     Sm90Tile((128, 128, 64), (1, 1, 1), 6, "coop"),
@@ -166,6 +171,7 @@ class Rule:
     runtime_ms: float
     split_k: int = 1      # split-K slices the winner ran with (serial; wgrad: parallel)
     strided_dgrad: bool | None = None  # dgrad: the winner was the strided kernel
+    gpu: str = ""         # the GPU that measured it: its profiles/<gpu>/ folder name
 
 
 def default_tiles(key: InstanceKey) -> list[Tile | Sm90Tile]:
@@ -331,26 +337,41 @@ def rules_from_profiles(rows: list[dict], key: InstanceKey) -> list[Rule]:
 
 
 def profile_files(profiles_dir: Path, family: int) -> list[Path]:
-    """Profiles for kernels of one family: profiles/<gpu>/sm<family>.csv."""
+    """Profiles for kernels of one family, every GPU's: profiles/<gpu>/sm<family>.csv (sorted by
+    GPU).  Each file's rules belong to its GPU alone (select_tiles)."""
     if not profiles_dir.is_dir():
         return []
     return sorted(profiles_dir.glob(f"*/sm{family}.csv"))
 
 
+def profile_gpus(profiles_dir: Path | None) -> list[str]:
+    """The GPUs with a profile folder (profiles/<gpu>/ holding an sm<family>.csv), sorted."""
+    if profiles_dir is None or not profiles_dir.is_dir():
+        return []
+    return sorted({p.parent.name for p in profiles_dir.glob("*/sm*.csv")})
+
+
 def select_tiles(key: InstanceKey, profiles_dir: Path | None) -> tuple[list[Tile | Sm90Tile], list[Rule], str]:
-    """Tiles to instantiate for one key, the dispatch rules, and where they came from."""
+    """Tiles to instantiate for one key, the dispatch rules, and where they came from.
+
+    Each GPU's profile gives its own rules (Rule.gpu: its folder name); the rows of two GPUs
+    never compete.  The tiles are the defaults plus every GPU's winners."""
     tiles = default_tiles(key)
     if profiles_dir is None:
         return tiles, [], "default"
-    rows: list[dict] = []
+    rules: list[Rule] = []
     sources = []
     for path in profile_files(profiles_dir, key.family):
+        gpu = path.parent.name
         try:
-            rows += read_profile_rows(path, OP_FAMILY[key.op].conv_kind, key.family)
-            sources.append(path.parent.name)
+            rows = read_profile_rows(path, OP_FAMILY[key.op].conv_kind, key.family)
         except (ProfileError, OSError, csv.Error) as e:
             warnings.warn(f"cutlass_ops_gen: ignoring profile: {e}; using default tiles")
-    rules = rules_from_profiles(rows, key)
+            continue
+        gpu_rules = [replace(rule, gpu=gpu) for rule in rules_from_profiles(rows, key)]
+        if gpu_rules:
+            rules += gpu_rules
+            sources.append(gpu)
     if not rules:
         return tiles, [], "default"
     for rule in rules:
