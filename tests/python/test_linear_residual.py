@@ -1,4 +1,4 @@
-"""cutlass_ops.ops.linear_residual (issue 20: a CvT block's output projection and fc2 adding onto
+"""cutlass_ops.ops.linear_residual (a CvT block's output projection and fc2 adding onto
 the residual stream in the GEMM's epilogue): the op's CPU path against float64, its autograd
 (gradcheck), opcheck, bad input; on a GPU the cuBLASLt path against float64 at CvT's shapes and
 odd row counts (the output memory poisoned first), with and without a bias, a non-contiguous
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import cutlass_ops
-from _helpers import errors, poison_cuda_cache
+from _helpers import errors, poison_cuda_cache, seeded
 from cutlass_ops.ops import linear_residual
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
@@ -131,8 +131,8 @@ def test_fused_cvt_with_residual_gemms(monkeypatch):
     float64; odd batch and a 64x48 image (uneven maps)."""
     from cutlass_ops.fused_cvt import FusedCvT
     from cutlass_ops.models.cvt import cvt13
-    torch.manual_seed(0)
-    ref = cvt13().cuda().eval()
+    with seeded(0):
+        ref = cvt13().cuda().eval()
     x = torch.randn(3, 3, 64, 48, device="cuda")
     with torch.no_grad():
         want = ref.double()(x.double())

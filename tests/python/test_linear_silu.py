@@ -1,4 +1,4 @@
-"""cutlass_ops.ops.linear_silu (issue 20: CvT's fc1 with its QuickGELU as silu(1.702 z) in the
+"""cutlass_ops.ops.linear_silu (CvT's fc1 with its QuickGELU as silu(1.702 z) in the
 GEMM's epilogue): the op's CPU path against float64, its autograd (gradcheck), opcheck, bad
 input; on an sm90 GPU every generated kernel (forced one at a time) against float64 with odd
 row counts and the output memory poisoned, the ATen fallback where no kernel applies
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_ops
-from _helpers import errors, poison_cuda_cache
+from _helpers import errors, poison_cuda_cache, seeded
 from cutlass_ops.ops import linear_silu, linear_silu_kernels
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
@@ -129,8 +129,8 @@ def test_fused_cvt_with_linear_silu(monkeypatch):
     CUTLASS_OPS_CVT_LINEAR_SILU=0 (cuBLAS + SiLU), both against the reference in float64."""
     from cutlass_ops.fused_cvt import FusedCvT
     from cutlass_ops.models.cvt import cvt13
-    torch.manual_seed(0)
-    ref = cvt13().cuda().eval()
+    with seeded(0):
+        ref = cvt13().cuda().eval()
     x = torch.randn(3, 3, 64, 64, device="cuda")
     with torch.no_grad():
         want = ref.double()(x.double())

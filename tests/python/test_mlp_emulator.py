@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from _mlp_models import Act, chain, random_mlp
+from _seeds import seeded
 from cutlass_ops.mlp import _backward_math, _forward_math
 from cutlass_ops_gen.mlp import trace_mlp
 from cutlass_ops_gen.mlp_emit import emit, partial_layout
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.skipif(CXX is None or not (CUDA_INCLUDE / "cuda_fp16.h"
 SM90, SM80 = 232448, 166912
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 CPU_PATH_TOL = {torch.float16: 5e-4, torch.bfloat16: 2.5e-3}   # kernel vs the op's CPU path
-F64_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}            # issue 19's bound vs float64
+F64_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}            # the numerics criterion's bound vs float64
 
 
 MODELS = {
@@ -101,8 +102,8 @@ class Case:
     """One model, dtype and kernel shape: the emulated kernels' outputs and the references."""
 
     def __init__(self, name, dtype, rows, resident, work, smem=SM90, seed=0, model=None):
-        torch.manual_seed(seed)
-        self.model = model = (MODELS[name]() if model is None else model).to(dtype)
+        with seeded(seed):
+            self.model = model = (MODELS[name]() if model is None else model).to(dtype)
         self.spec = spec = trace_mlp(model, None)
         self.src, self.cfg = emit(spec, DTYPES[dtype], smem, resident, inplace=True)
         self.lib = build(self.src, self.cfg.dw_warps > 0, work)
@@ -269,7 +270,7 @@ RANDOM_MODELS = int(os.environ.get("CUTLASS_OPS_EMU_RANDOM_MODELS", "16"))
 
 @pytest.mark.parametrize("seed", range(RANDOM_MODELS))
 def test_random_models(seed, work):
-    """Issue 19's random models (_mlp_models: depth 1-8, widths 1-256, activations from the list
+    """The numerics criterion's random models (_mlp_models: depth 1-8, widths 1-256, activations from the list
     and compositions; the GPU runs 200 in test_fused_mlp.py), each in one dtype, on a shared-memory
     limit drawn from sm90/sm80/sm86 (so resident, in-place and streamed shapes all come up): the
     forward with saves, the backward and, where the model has it, the fused weight-gradient
