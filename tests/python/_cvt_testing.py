@@ -12,6 +12,8 @@ from torch import nn
 from cutlass_ops import fused_cvt
 from cutlass_ops.models import cvt
 
+from _seeds import seeded
+
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     """Random non-zero everything: conv/linear weights ~ N(0, 1/fan_in), biases, LayerNorm
@@ -44,8 +46,8 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
 
 @functools.lru_cache(maxsize=4)
 def _reference64(seed: int, drop_path_rate) -> nn.Module:
-    torch.manual_seed(seed)
-    return randomize(cvt.cvt13(drop_path_rate=drop_path_rate), seed).double()
+    with seeded(seed):
+        return randomize(cvt.cvt13(drop_path_rate=drop_path_rate), seed).double()
 
 
 def reference(dtype=torch.float64, seed: int = 0, drop_path_rate=None, device="cpu"):

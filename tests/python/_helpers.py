@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_ops
+from _seeds import seeded  # noqa: F401  (the tests' way to build modules under a fixed seed)
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -1,14 +1,18 @@
 """Models for the FusedMLP tests: ``chain`` (a Sequential of Linear layers with an activation
 between them and optionally after the last) and ``Act`` (any elementwise function as a module),
-and ``random_mlp``, issue 19's numerics criterion ("200 random models: depth 1-8, widths 1-256,
-random activations from the list and compositions"), drawn the same way by the CPU emulator
+and ``random_mlp``, the numerics criterion's random models (depth 1-8, widths 1-256, random
+activations from the list and compositions), drawn the same way by the CPU emulator
 test (test_mlp_emulator.py) and the GPU test (test_fused_mlp.py)."""
 from __future__ import annotations
 
 import random
 
+import contextlib
+
 import torch
 import torch.nn as nn
+
+from _seeds import seeded
 
 
 class Act(nn.Module):
@@ -25,19 +29,18 @@ class Act(nn.Module):
 
 def chain(widths, act, last=None, bias=True, seed=None, init=None):
     """Linear layers widths[0] -> widths[1] -> ..., ``act`` after each but the last, ``last``
-    after the last (modules, or None); under torch.manual_seed(seed) if given; init(linear, i)
-    may set a layer's weights."""
-    if seed is not None:
-        torch.manual_seed(seed)
+    after the last (modules, or None); built under seeded(seed) if given (the global generators
+    are left as they were); init(linear, i) may set a layer's weights."""
     mods = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        lin = nn.Linear(a, b, bias=bias)
-        if init is not None:
-            init(lin, i)
-        mods.append(lin)
-        f = act if i < len(widths) - 2 else last
-        if f is not None:
-            mods.append(f)
+    with seeded(seed) if seed is not None else contextlib.nullcontext():
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            lin = nn.Linear(a, b, bias=bias)
+            if init is not None:
+                init(lin, i)
+            mods.append(lin)
+            f = act if i < len(widths) - 2 else last
+            if f is not None:
+                mods.append(f)
     return nn.Sequential(*mods)
 
 
@@ -72,20 +75,20 @@ def _width(r):
 def random_mlp(seed: int) -> tuple[str, nn.Sequential]:
     """Model number ``seed``: 1-8 Linear layers of widths 1-256, bias or not (per model), each
     hidden layer's activation drawn from ACTIVATIONS, the last layer's too or none; weights
-    from torch's default init under ``seed``.  Returns a descriptive name and the module."""
+    from torch's default init under seeded(seed).  Returns a descriptive name and the module."""
     r = random.Random(seed)
     depth = r.randint(1, 8)
     widths = [_width(r) for _ in range(depth + 1)]
     bias = r.random() < 0.8
-    torch.manual_seed(seed)
     mods, names = [], []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        mods.append(nn.Linear(a, b, bias=bias))
-        if i < depth - 1 or r.random() < 0.5:
-            name = r.choice(list(ACTIVATIONS))
-            act = ACTIVATIONS[name](r)
-            names.append(name)
-            if act is not None:
-                mods.append(act)
+    with seeded(seed):
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            mods.append(nn.Linear(a, b, bias=bias))
+            if i < depth - 1 or r.random() < 0.5:
+                name = r.choice(list(ACTIVATIONS))
+                act = ACTIVATIONS[name](r)
+                names.append(name)
+                if act is not None:
+                    mods.append(act)
     label = f"m{seed}_{'-'.join(map(str, widths))}_{'.'.join(names) or 'linear'}{'' if bias else '_nobias'}"
     return label, nn.Sequential(*mods)

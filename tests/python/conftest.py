@@ -1,9 +1,42 @@
-"""pytest fixtures."""
+"""pytest fixtures, and the tests' random seeds.
+
+Seeds: every test's random data is fixed by its test id, so a run draws the same inputs as the
+last one, whatever the order or selection of tests (_seeds.py holds the functions).
+
+- A test's seed is the CRC-32 of its pytest node id, masked to 31 bits, with the file's path
+  relative to the repository root (``tests/python/test_x.py::test_y[params]``: the same from
+  any working directory or clone).
+- The ``rng`` fixture is a ``torch.Generator`` seeded with it (``rng_seed``: the seed itself).
+- Around every test (an autouse fixture) the global generators -- torch's CPU generator and,
+  where CUDA is available, each CUDA device's; Python's ``random``; NumPy's legacy global
+  state -- are seeded from the test's seed (with a value derived from it, so that draws
+  without a generator differ from the ``rng`` fixture's), and their earlier state is restored
+  afterwards.  A test that draws without a generator is deterministic too, and nothing a test
+  does to the global generators reaches a later test.
+- A failing test's report carries a ``seed`` section: the seed, the test id, the global seed.
+
+Fresh seeds, to hunt for seed-dependent failures (opt-in):
+
+- ``--fresh-seeds`` (pytest option) or ``CUTLASS_OPS_TEST_SEED=fresh`` (environment): the run
+  draws a random number and mixes it into every test's seed, so every test gets new data.
+  The number is printed in the run's header and in every failure's ``seed`` section, and
+  ``CUTLASS_OPS_TEST_SEED=<that number>`` reruns the same seeds.
+- ``CUTLASS_OPS_TEST_SEED=<integer>``: that integer is mixed into every test's seed.
+  Unset (the default): seeds come from the test ids alone.
+
+Tests that build modules under a fixed seed use ``seeded(k)`` (_seeds.py, also in _helpers):
+a context manager that seeds torch's global generators inside a fork of their state, never a
+bare ``torch.manual_seed``.  test_fuzz.py's cases follow the test's seed unless
+CUTLASS_OPS_FUZZ_SEED names one.
+"""
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from _seeds import SEED_ENV, all_global_generators_seeded, global_seed, node_id, node_seed, seed_mix, seed_note
 
 # `python -m pytest` from the repository root puts the root on sys.path, where the source
 # folder cutlass_ops/ (which has no compiled library) would shadow the installed package:
@@ -11,11 +44,64 @@ import torch
 _ROOT = Path(__file__).resolve().parents[2]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
+_mix_state: dict = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fresh-seeds", action="store_true", default=False,
+                     help=f"mix a freshly drawn number into every test's seed (printed; "
+                          f"{SEED_ENV}=<it> reruns the same seeds); also {SEED_ENV}=fresh")
+
+
+def _mix(config) -> int | None:
+    """None (seeds from test ids alone) or the number mixed into every seed this run."""
+    if "mix" not in _mix_state:
+        try:
+            _mix_state["mix"] = seed_mix(os.environ.get(SEED_ENV), config.getoption("--fresh-seeds", default=False))
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+    return _mix_state["mix"]
+
+
+def item_seed(item) -> int:
+    return node_seed(node_id(item), _mix(item.config))
+
+
+def pytest_configure(config):
+    _mix_state.clear()
+    _mix(config)  # a bad CUTLASS_OPS_TEST_SEED is a usage error before any test runs
+
+
+def pytest_report_header(config):
+    mix = _mix(config)
+    if mix is None:
+        return f"test seeds: from the test ids ({SEED_ENV}=fresh or --fresh-seeds for fresh ones)"
+    return f"test seeds: the test ids mixed with {mix} ({SEED_ENV}={mix} reruns them)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("seed", seed_note(node_id(item), _mix(item.config))))
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_generators(request):
+    """Seeds torch's (CPU and CUDA), Python's and NumPy's global generators from the test's
+    seed for the test, restoring their state afterwards."""
+    with all_global_generators_seeded(global_seed(item_seed(request.node))):
+        yield
+
 
 @pytest.fixture
-def rng():
-    """A generator with a fresh seed per test (inputs drawn fresh each run); the seed is printed,
-    so a failure's captured output names it (torch.Generator().manual_seed(SEED) reproduces)."""
-    seed = torch.seed() % (2**31)
-    print(f"rng seed {seed}")
-    return torch.Generator().manual_seed(seed)
+def rng_seed(request) -> int:
+    """This test's seed (see the module's docstring)."""
+    return item_seed(request.node)
+
+
+@pytest.fixture
+def rng(rng_seed):
+    """A torch.Generator seeded with this test's seed (printed on failure)."""
+    return torch.Generator().manual_seed(rng_seed)

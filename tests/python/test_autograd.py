@@ -5,7 +5,7 @@ import torch
 import cutlass_ops
 from cutlass_ops.models import SEResNet9FixUp
 from cutlass_ops.small_map_conv import small_map_conv
-from _helpers import DEVICES, errors
+from _helpers import DEVICES, errors, seeded
 from test_fused_resnet import randomize_
 
 D = torch.float64
@@ -192,8 +192,8 @@ def test_fused_resnet_gradients_low_precision(device, dtype, bound):
 
 
 def test_fused_resnet_trains_with_an_optimizer():
-    torch.manual_seed(0)
-    ref = randomize_(SEResNet9FixUp(1), torch.Generator().manual_seed(4))
+    with seeded(0):
+        ref = randomize_(SEResNet9FixUp(1), torch.Generator().manual_seed(4))
     model = cutlass_ops.FusedResNet.from_reference(ref).train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 1, 64, 64)

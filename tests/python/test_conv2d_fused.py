@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_ops
-from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
+from _helpers import DEVICES, HAS_CUDA, TOLERANCE, errors, poison_cuda_cache, seeded
 
 LOW_PRECISION = [torch.float16, torch.bfloat16]
 
@@ -213,9 +213,9 @@ def test_cuda_graph_capture(rng):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_module_matches_functional(device, rng):
-    torch.manual_seed(0)
-    m = cutlass_ops.FusedConv2d(16, 32, 3, stride=2, padding=1, relu=True, scale=True,
-                                post_bias=True).to(device=device, dtype=torch.float16)
+    with seeded(0):
+        m = cutlass_ops.FusedConv2d(16, 32, 3, stride=2, padding=1, relu=True, scale=True,
+                                    post_bias=True).to(device=device, dtype=torch.float16)
     with torch.no_grad():
         m.scale.fill_(0.7)
         m.post_bias.fill_(0.3)

@@ -11,6 +11,7 @@ import torch
 import cutlass_ops.__main__ as cli
 from cutlass_ops.models import cvt
 from cutlass_ops.tools import cvt_bench
+from _seeds import seeded
 
 
 def run(*argv):
@@ -87,8 +88,8 @@ def test_cvt_bench_merge_results():
 def test_cvt_bench_systems_run_on_cpu():
     """The benchmark's un-graphed, un-compiled systems build and run (on the CPU, a tiny CvT):
     the same callables bench_cvt times on the GPU."""
-    torch.manual_seed(0)
-    ref = _tiny()
+    with seeded(0):
+        ref = _tiny()
     x = torch.randn(2, 3, 32, 32)
     for name in ("FusedCvT", "eager NCHW"):
         out = cvt_bench._infer_system(name, ref, x)()

@@ -8,6 +8,7 @@ import torch
 from cutlass_ops.fused_cvt import FusedCvT
 from cutlass_ops.models.cvt import cvt13
 from cutlass_ops.tools.cvt_ops_bench import PARTS, _fused_parts, _inputs, _reference_parts, bench_cvt_ops
+from _seeds import seeded
 
 
 def _wall(fn, calls, reps):
@@ -31,12 +32,12 @@ def test_every_stage_part_and_pass_timed_on_the_cpu():
 
 
 def test_fused_parts_compute_the_reference_parts():
-    torch.manual_seed(0)
-    ref = cvt13().double().eval()
-    for m in ref.modules():  # non-trivial BatchNorm statistics, so that the eval fold matters
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
+    with seeded(0):
+        ref = cvt13().double().eval()
+        for m in ref.modules():  # non-trivial BatchNorm statistics, so that the eval fold matters
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
     fused = FusedCvT.from_reference(ref).eval()
     g = torch.Generator().manual_seed(1)
     for si in range(3):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import _emulator
 import cutlass_ops
-from _helpers import poison_cuda_cache
+from _helpers import poison_cuda_cache, seeded
 from cutlass_ops.ops import dw_conv3x3_tokens, layer_norm_dw_conv3x3_tokens
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
@@ -488,12 +488,12 @@ def test_fused_cvt_dw_tokens_against_float64(device, monkeypatch):
     cls token of stage 3 in front): float64 on the CPU within 1e-12 of the reference; fp16 on
     CUDA no worse than 2x the default path's error against that float64 run (floor 5e-3)."""
     from cutlass_ops.models.cvt import cvt13
-    torch.manual_seed(0)
-    ref64 = cvt13().double().eval()
-    for m in ref64.modules():  # non-trivial BatchNorm statistics: the fold matters
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
+    with seeded(0):
+        ref64 = cvt13().double().eval()
+        for m in ref64.modules():  # non-trivial BatchNorm statistics: the fold matters
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
     x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     with torch.no_grad():
         want = ref64(x)

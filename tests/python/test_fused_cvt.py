@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _cvt_testing import cvt, fused_cvt, randomize, reference
-from _helpers import HAS_CUDA, TOLERANCE, errors
+from _helpers import HAS_CUDA, TOLERANCE, errors, seeded
 from cutlass_ops.options import CvTOptions
 
 FusedCvT = fused_cvt.FusedCvT
@@ -118,10 +118,10 @@ def test_fused_cvt_gradients_float64(mode, options=None):
     fused.train(mode == "train")
     x = _input(3, 48, 64, seed=12)
     xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
-    torch.manual_seed(5)
-    yr = ref(xr)
-    torch.manual_seed(5)
-    yf = fused(xf)
+    with seeded(5):  # the same drop-path draws in both
+        yr = ref(xr)
+    with seeded(5):
+        yf = fused(xf)
     assert errors(yf, yr)[0] < 1e-12
     g = torch.randn(yr.shape, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
     yr.backward(g)
@@ -225,8 +225,8 @@ def test_drop_path_one_multiply(dtype):
     outs = {}
     for name in ("ref", "ours"):
         xi = x.to(dtype).detach().clone().requires_grad_()
-        torch.manual_seed(7)
-        y = module(xi) if name == "ref" else _drop_path(module, xi)
+        with seeded(7):  # the same mask in both
+            y = module(xi) if name == "ref" else _drop_path(module, xi)
         y.backward(g.to(dtype))
         outs[name] = (y.detach().double(), xi.grad.double())
     kept = outs["ref"][0].flatten(1).abs().sum(1) > 0
@@ -278,10 +278,10 @@ def test_fused_cvt_train_and_no_grad_torch_compile_fullgraph():
     ref.train()
     x = _input(2, 48, 64, dtype=torch.float32)
     compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
-    torch.manual_seed(11)
-    y = compiled(x)
-    torch.manual_seed(11)
-    assert errors(y, ref(x))[0] < 1e-5
+    with seeded(11):  # the same drop-path draws in both
+        y = compiled(x)
+    with seeded(11):
+        assert errors(y, ref(x))[0] < 1e-5
     y.square().sum().backward()
     assert all(p.grad is not None for p in fused.parameters())
     fused.eval()
@@ -311,9 +311,9 @@ def _tiny(num_classes=10):
     from functools import partial
     spec = dict(cvt.CVT13_SPEC, DIM_EMBED=[8, 16, 24], NUM_HEADS=[1, 2, 3], DEPTH=[1, 1, 2],
                 DROP_PATH_RATE=[0.0, 0.0, 0.0])
-    torch.manual_seed(0)
-    model = cvt.ConvolutionalVisionTransformer(num_classes=num_classes, act_layer=cvt.QuickGELU,
-                                               norm_layer=partial(cvt.LayerNorm, eps=1e-5), spec=spec)
+    with seeded(0):
+        model = cvt.ConvolutionalVisionTransformer(num_classes=num_classes, act_layer=cvt.QuickGELU,
+                                                   norm_layer=partial(cvt.LayerNorm, eps=1e-5), spec=spec)
     return randomize(model).double()
 
 
@@ -399,11 +399,11 @@ def test_fused_cvt_from_reference_rejects_other_modules():
 
 def test_fused_cvt_from_reference_keeps_rng_and_mode():
     ref = reference(dtype=torch.float32).train()
-    torch.manual_seed(0)
-    before = torch.rand(1)
-    torch.manual_seed(0)
-    fused = FusedCvT.from_reference(ref)
-    assert torch.equal(torch.rand(1), before)  # building it did not move the caller's RNG
+    with seeded(0):
+        before = torch.rand(1)
+    with seeded(0):
+        fused = FusedCvT.from_reference(ref)
+        assert torch.equal(torch.rand(1), before)  # building it did not move the caller's RNG
     assert fused.training and fused.stage0.patch_embed.proj.weight.dtype == torch.float32
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from _mlp_models import Act, chain as _chain
+from _seeds import seeded
 from cutlass_ops import MlpOptions
 from cutlass_ops.fused_mlp import FusedMLP
 from cutlass_ops.mlp_jit import cache_dir, kernel as _kernel
@@ -335,8 +336,8 @@ def test_gpu_forward_vs_float64(name, dtype, rows):
     model, fused, ref_model, x = setup(name, dtype, "cuda", rows)
     xc = x.cuda()
     with torch.no_grad():
-        torch.cuda.manual_seed(0)
-        y = fused(xc)
+        with seeded(0):
+            y = fused(xc)
         torch.cuda.synchronize()
         ref = ref_model(x.double())
     err = rel(y, ref)

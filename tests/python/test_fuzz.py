@@ -4,7 +4,8 @@ Random N, H, W, C, K, kernel size, stride, padding, dtype (fp16/bf16/fp32), memo
 (NCHW, channels_last, a strided view, an offset into a larger storage: a misaligned data
 pointer), empty batches, and NaN/Inf in a few inputs.  Seeded and reproducible:
 
-    CUTLASS_OPS_FUZZ_SEED   the seed (default 22; printed)
+    CUTLASS_OPS_FUZZ_SEED   the seed (default: the test's seed, from its test id as every
+                            test's is -- conftest.py; printed)
     CUTLASS_OPS_FUZZ_CASES  cases per op (default 1000 on CUDA, 50 on the CPU)
 
 Each case is drawn from random.Random(f"{seed}:{op}:{device}:{index}"), so one case can be
@@ -36,7 +37,8 @@ import cutlass_ops
 from cutlass_ops import ops
 from _helpers import DEVICES, HAS_CUDA
 
-SEED = int(os.environ.get("CUTLASS_OPS_FUZZ_SEED", "22"))
+# None: each test's own seed (the rng_seed fixture: a hash of the test id)
+SEED = int(os.environ["CUTLASS_OPS_FUZZ_SEED"]) if os.environ.get("CUTLASS_OPS_FUZZ_SEED") else None
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # A few units of the dtype's rounding (relative to max |ref|): the output's own rounding.
 UNIT = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
@@ -282,7 +284,7 @@ def run_conv2d_wgrad(c, device):
     mag = (d64(wt) * g).abs().sum().clamp_min(1e-30)
     err = (ds.double().cpu() - want).abs() / mag
     own_err = ((d64(wt) * own_g.double().cpu()).sum() - want).abs() / mag
-    if not torch.isfinite(own_err):  # torch 2.11.0's CPU bf16 G held NaN (seed 22, case 563; 2.14.1 not)
+    if not torch.isfinite(own_err):  # torch 2.11.0's CPU bf16 G held NaN (fuzz seed 22, case 563; 2.14.1 not)
         own_err = torch.zeros((), dtype=torch.float64)
     bound = 2 * own_err + 4 * UNIT[dtype] + 1e-5
     return None if err <= bound else f"grad_scale: error {err.item():.3e} > {bound.item():.3e}"
@@ -726,7 +728,7 @@ OPS = {
 }
 
 
-def draw(op: str, device: str, index: int, seed: int = SEED) -> dict:
+def draw(op: str, device: str, index: int, seed: int) -> dict:
     return OPS[op][0](random.Random(f"{seed}:{op}:{device}:{index}"))
 
 
@@ -750,18 +752,19 @@ def snippet(op, case, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", list(OPS))
-def test_fuzz(op, device):
+def test_fuzz(op, device, rng_seed):
     count = num_cases(device)
-    print(f"fuzz {op} on {device}: seed {SEED}, {count} cases (CUTLASS_OPS_FUZZ_SEED / CUTLASS_OPS_FUZZ_CASES)")
+    seed = rng_seed if SEED is None else SEED
+    print(f"fuzz {op} on {device}: seed {seed}, {count} cases (CUTLASS_OPS_FUZZ_SEED / CUTLASS_OPS_FUZZ_CASES)")
     kernels = {}
     for i in range(count):
-        case = draw(op, device, i)
+        case = draw(op, device, i, seed)
         try:
             fail = run_case(op, case, device)
         except Exception as e:  # a crash is a failure too, reported with its reproducer
             fail = f"raised {type(e).__name__}: {e}"
         if fail:
-            pytest.fail(f"fuzz {op} case {i} (seed {SEED}) on {device}: {fail}\nreproduce:\n{snippet(op, case, device)}",
+            pytest.fail(f"fuzz {op} case {i} (CUTLASS_OPS_FUZZ_SEED={seed}) on {device}: {fail}\nreproduce:\n{snippet(op, case, device)}",
                         pytrace=False)
         if op in ("conv2d_fused", "conv2d_b2b"):  # which path ran: a generated kernel, or "aten" etc.
             last = ops.conv2d_b2b_last_kernel() if op == "conv2d_b2b" else cutlass_ops.conv2d_fused_last_kernel()

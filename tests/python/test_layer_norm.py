@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import _emulator
 import cutlass_ops
 from cutlass_ops.ops import layer_norm_rows
+from _seeds import seeded
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
@@ -373,9 +374,9 @@ def test_fused_cvt_fused_layer_norm_matches_unfused(device):
     stem-conv weight gradient of ~1e-5 per element, below fp16's normal range, where the two
     16-bit runs differ by 1.1% from each other for rounding alone."""
     from cutlass_ops.models.cvt import cvt13
-    torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.float16
-    ref = cvt13().to(device, dtype).eval()
+    with seeded(0):
+        ref = cvt13().to(device, dtype).eval()
     fused = cutlass_ops.FusedCvT.from_reference(ref).eval()
     x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(1)).to(device, dtype)
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_ops
-from _helpers import errors, poison_cuda_cache
+from _helpers import errors, poison_cuda_cache, seeded
 from cutlass_ops.ops import linear_silu, linear_silu_kernels
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
@@ -130,8 +130,8 @@ def test_fused_cvt_with_linear_silu():
     from cutlass_ops.fused_cvt import FusedCvT
     from cutlass_ops.models.cvt import cvt13
     from cutlass_ops.options import CvTOptions
-    torch.manual_seed(0)
-    ref = cvt13().cuda().eval()
+    with seeded(0):
+        ref = cvt13().cuda().eval()
     x = torch.randn(3, 3, 64, 64, device="cuda")
     with torch.no_grad():
         want = ref.double()(x.double())

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from _mlp_models import Act, chain, random_mlp
+from _seeds import seeded
 from cutlass_ops._fused_mlp_op import _backward_math, _forward_math
 from cutlass_ops_gen.mlp_spec import trace_mlp
 from cutlass_ops_gen.mlp_emit import emit, partial_layout
@@ -101,8 +102,8 @@ class Case:
     """One model, dtype and kernel shape: the emulated kernels' outputs and the references."""
 
     def __init__(self, name, dtype, rows, resident, work, smem=SM90, seed=0, model=None):
-        torch.manual_seed(seed)
-        self.model = model = (MODELS[name]() if model is None else model).to(dtype)
+        with seeded(seed):
+            self.model = model = (MODELS[name]() if model is None else model).to(dtype)
         self.spec = spec = trace_mlp(model, None)
         self.src, self.cfg = emit(spec, DTYPES[dtype], smem, resident, inplace=True)
         self.lib = build(self.src, self.cfg.dw_warps > 0, work)

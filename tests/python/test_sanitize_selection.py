@@ -14,7 +14,7 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 import cutlass_ops
 from cutlass_ops import ops
-from _helpers import HAS_CUDA, b2b_reference, errors
+from _helpers import HAS_CUDA, b2b_reference, errors, seeded
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
 H = torch.float16
@@ -276,8 +276,7 @@ def test_giou_forward_backward(dtype, form):
 # ---- layer_norm_rows: its forward and backward kernels (16-byte and element-wise rows, the add) --
 
 @pytest.mark.parametrize("cols", [64, 57])
-def test_layer_norm_rows_forward_backward(cols):
-    torch.manual_seed(cols)
+def test_layer_norm_rows_forward_backward(cols):  # w, b: the global generators, seeded per test
     x = _r(33, cols).requires_grad_()
     r = _r(33, cols, seed=1).requires_grad_()
     w = (torch.rand(cols, device="cuda") + 0.5).requires_grad_()
@@ -293,7 +292,6 @@ def test_layer_norm_rows_forward_backward(cols):
 
 @pytest.mark.parametrize("c, strides", [(64, [1, 2, 2]), (5, [2, 1])])
 def test_dw_conv3x3_tokens(c, strides):
-    torch.manual_seed(c)
     full = _r(3, 1 + 7 * 5, c)
     x, lead = full[:, 1:], full[:, :1]
     w = _r(len(strides), c, 1, 3, 3, seed=1)
@@ -307,7 +305,6 @@ def test_dw_conv3x3_tokens(c, strides):
 
 @pytest.mark.parametrize("c, strides", [(64, [1, 2, 2]), (5, [2, 1])])
 def test_dw_conv3x3_tokens_backward_input(c, strides):
-    torch.manual_seed(c + 1)
     w = _r(len(strides), c, 1, 3, 3, seed=1)
     grads = [_r(3, ((7 - 1) // s + 1) * ((5 - 1) // s + 1), c, seed=3 + j) for j, s in enumerate(strides)]
     gx = cutlass_ops.ops.dw_conv3x3_tokens_backward_input(grads, 7, 5, w, strides)
@@ -328,9 +325,9 @@ def test_fused_mlp_forward_backward(rows, fused_dw):
     compiled at first use, outside the sanitized kernels), the weight gradients in the backward
     kernel (MlpOptions.fused_weight_grads) or as GEMMs.  Against the module's own float32 CPU
     path, loosely."""
-    torch.manual_seed(rows)
-    ref = torch.nn.Sequential(torch.nn.Linear(19, 57), torch.nn.SiLU(), torch.nn.Linear(57, 40),
-                              torch.nn.Tanh(), torch.nn.Linear(40, 7))
+    with seeded(rows):
+        ref = torch.nn.Sequential(torch.nn.Linear(19, 57), torch.nn.SiLU(), torch.nn.Linear(57, 40),
+                                  torch.nn.Tanh(), torch.nn.Linear(40, 7))
     cpu = cutlass_ops.FusedMLP.from_module(ref, torch.randn(2, 19))
     gpu = cutlass_ops.FusedMLP.from_module(ref.cuda().half(), torch.randn(2, 19),
                                            options=cutlass_ops.MlpOptions(fused_weight_grads=fused_dw))
