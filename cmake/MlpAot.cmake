@@ -1,7 +1,7 @@
 # FusedMLP kernels built ahead of time (python/cutlass_ops_gen/mlp_aot.py) for the models of the
 # JSON manifest that CUTLASS_OPS_MLP_MODELS names (none by default), for each arch of the build
 # that runs FusedMLP (80, 86, 87, 89, 90): compiled with nvcc as the runtime would, installed into
-# cutlass_ops/mlp_aot/<key>/fused_mlp.so, where cutlass_ops.mlp looks before compiling.
+# cutlass_ops/mlp_aot/<key>/fused_mlp.so, where cutlass_ops.mlp_jit looks before compiling.
 set(CUTLASS_OPS_MLP_MODELS "$ENV{CUTLASS_OPS_MLP_MODELS}" CACHE FILEPATH
     "JSON manifest of FusedMLP models to build ahead of time (see cutlass_ops_gen/mlp_aot.py)")
 # The environment variable, when set, wins over the cached value: a rebuild in the same build

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cutlass_ops_gen.mlp import MlpSpec, to_torch, trace_mlp
+from cutlass_ops_gen.mlp_spec import MlpSpec, to_torch, trace_mlp
 
-from ._fused_mlp_op import _FusedMLPFunction, _fused_mlp_cuda
+from .ops.fused_mlp import _FusedMLPFunction, _fused_mlp_cuda
 from .mlp_jit import CUDA_DTYPES, kernel, kernel_info, register_spec
 from .options import MlpOptions
 

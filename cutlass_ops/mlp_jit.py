@@ -33,7 +33,7 @@ try:
     # cutlass_ops_gen ships in the wheel next to cutlass_ops (pyproject.toml wheel.packages): the
     # model's kernel is generated at first use, from the same tracer and emitter the build uses.
     from cutlass_ops_gen import mlp_emit
-    from cutlass_ops_gen.mlp import MlpSpec
+    from cutlass_ops_gen.mlp_spec import MlpSpec
 except ImportError as exc:  # pragma: no cover
     raise ImportError("cutlass_ops.mlp_jit needs the cutlass_ops_gen package, which the cutlass_ops wheel "
                       "installs; in a source checkout put its python/ folder on PYTHONPATH") from exc

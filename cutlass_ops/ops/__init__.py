@@ -22,7 +22,7 @@ from .linear_residual import linear_residual
 from .scale_samples import scale_samples
 from .conv_embed import conv_embed
 from .giou import giou_loss, giou_loss_padded, giou_loss_ragged
-# ---- FusedMLP's op (ops/fused_mlp.py): its import line goes here ----
+from . import fused_mlp  # noqa: F401  (registers the fused MLP op; its entry points are FusedMLP and the module)
 
 __all__ = [
     "Scalar",

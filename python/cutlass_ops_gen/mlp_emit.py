@@ -35,7 +35,7 @@ No torch and no CUTLASS headers are needed: the MMA is inline PTX (``mma.sync.m1
 keeps a model's first-use compile to seconds.  Runs on sm_80 and newer (sm_90 included).
 
 This module is pure Python (no torch import) and ships in the wheel with the rest of
-``cutlass_ops_gen`` (see pyproject.toml), because the installed ``cutlass_ops.mlp`` generates and
+``cutlass_ops_gen`` (see pyproject.toml), because the installed ``cutlass_ops.mlp_jit`` generates and
 compiles a model's kernel at first use.
 """
 from __future__ import annotations
@@ -145,7 +145,7 @@ def choose_config(spec: MlpSpec, smem_limit: int, resident: bool = True, inplace
     """Resident weights with the most warps that fit ``smem_limit`` bytes (a GPU's opt-in
     per-block limit: 232448 on sm90, 166912 on sm80, 101376 on sm86/89), at least 4; with
     ``inplace``, where two tiles per warp do not fit, resident with one tile per warp computed in
-    place (FusedMLP's forwards ask for it, its backward not: cutlass_ops.mlp._inplace_allowed);
+    place (FusedMLP's forwards ask for it, its backward not: cutlass_ops.mlp_jit);
     else (or with ``resident=False``) streamed weights with the largest row tile and weight
     chunk that fit.  Resident models whose
     weight gradients fit in registers also get the fused-dW backward."""

@@ -1,4 +1,4 @@
-"""FusedMLP (cutlass_ops/fused_mlp.py, mlp_jit.py, _fused_mlp_op.py): numerics vs float64, autograd,
+"""FusedMLP (cutlass_ops/fused_mlp.py, mlp_jit.py, ops/fused_mlp.py): numerics vs float64, autograd,
 errors, op registration, cache.
 
 CPU tests run everywhere (the ops' CPU path: float32 math with the kernel's rounding points, or
@@ -533,7 +533,7 @@ def test_gpu_misaligned_and_strided_input():
 def test_gpu_wide_dtypes_run_torch_ops(dtype, monkeypatch):
     """float32/float64 on CUDA: not the kernel (fp16/bf16 only) but the same math as torch ops,
     with a one-time warning; forward and input gradient against float64."""
-    import cutlass_ops._fused_mlp_op as op
+    import cutlass_ops.ops.fused_mlp as op
     monkeypatch.setattr(op, "_WARNED", set())
     _, fused, ref_model, x = setup("odd_57_127_1_84_3", dtype, "cuda", 33)
     xg = x.cuda().requires_grad_()

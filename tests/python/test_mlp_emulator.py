@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from _mlp_models import Act, chain, random_mlp
 from _seeds import seeded
-from cutlass_ops._fused_mlp_op import _backward_math, _forward_math
+from cutlass_ops.ops.fused_mlp import _backward_math, _forward_math
 from cutlass_ops_gen.mlp_spec import trace_mlp
 from cutlass_ops_gen.mlp_emit import emit, partial_layout
 

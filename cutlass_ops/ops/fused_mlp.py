@@ -26,9 +26,9 @@ import warnings
 
 import torch
 
-from cutlass_ops_gen.mlp import MlpSpec, diff, to_torch
+from cutlass_ops_gen.mlp_spec import MlpSpec, diff, to_torch
 
-from .mlp_jit import (CUDA_DTYPES, config, device_index, launch_backward, launch_forward, options_of,
+from ..mlp_jit import (CUDA_DTYPES, config, device_index, launch_backward, launch_forward, options_of,
                       partial_layout, saved_buffers, spec_of)
 
 __all__ = ["fused_mlp"]
