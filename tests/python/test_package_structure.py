@@ -10,9 +10,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "cutlass_ops"
 MAX_LINES = 400
-# Kernel folders whose names still differ from their op's while the folder renames are under
-# way: folder -> the ops module.  Delete an entry once its folder is renamed.
-FOLDER_ALIASES = {"sample_scale": "scale_samples", "layer_norm": "layer_norm_rows", "dw_conv": "dw_conv3x3_tokens"}
 # ops modules with no kernels/ folder: FusedMLP's kernels are generated per model (JIT or
 # ahead of time), not kept in kernels/.
 OPS_WITHOUT_FOLDER = {"fused_mlp"}
@@ -133,12 +130,12 @@ def _family_modules() -> set:
 def test_every_op_folder_has_its_ops_module():
     folders = _op_folders()
     assert "conv2d_fused" in folders and "giou" in folders, folders
-    missing = [f for f in folders if FOLDER_ALIASES.get(f, f) not in _family_modules()]
+    missing = [f for f in folders if f not in _family_modules()]
     assert not missing, f"kernels/<family> folders without cutlass_ops/ops/<family>.py: {missing}"
 
 
 def test_every_ops_module_has_its_folder():
-    folders = {FOLDER_ALIASES.get(f, f) for f in _op_folders()}
+    folders = set(_op_folders())
     orphans = sorted(_family_modules() - folders - OPS_WITHOUT_FOLDER)
     assert not orphans, f"cutlass_ops/ops modules named after no kernels/ folder: {orphans}"
 
