@@ -1,4 +1,4 @@
-"""Compile-check generated FusedMLP kernels with nvcc, no GPU needed (issue 19).
+"""Compile-check generated FusedMLP kernels with nvcc, no GPU needed.
 
     PYTHONPATH=python python tests/mlp_compile_check.py [--arch 80 --arch 90] [--quick] [--keep DIR]
 
