@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     b.add_argument("--size", type=int, default=224, help="cvt: image height = width (default 224)")
     b.add_argument("--in-channels", type=int, default=3, choices=[1, 3, 11], help="resnet/train: input channels")
     b.add_argument("--systems", nargs="+", default=None,
-                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP streamed\" (its kernel with streamed weights, CUTLASS_OPS_MLP_RESIDENT=0), \"FusedMLP GEMM dW\" (weight gradients as GEMMs, CUTLASS_OPS_MLP_FUSED_DW=0), \"FusedMLP in-place\" and \"FusedMLP not in place\" (width-128 models resident in place for every kernel or none, CUTLASS_OPS_MLP_INPLACE=1/0; the default: the forwards, not the backward), \"FusedMLP + CUDA graph\" (captured by hand, a training step in one graph), \"FusedMLP kernel\" (the kernel for models wider than 128 too, CUTLASS_OPS_MLP_WIDE=kernel), \"torch.compile max-autotune-no-cudagraphs + CUDA graph\" (the hand-graphed peer of FusedMLP + CUDA graph))")
+                   help="resnet/train/cvt/mlp/b2b: subset of systems to time (names as printed; unknown names list the choices; mlp also takes \"FusedMLP GEMM dW\" (weight gradients as GEMMs: MlpOptions(fused_weight_grads=False)), \"FusedMLP + CUDA graph\" (captured by hand, a training step in one graph), \"FusedMLP kernel\" (the kernel for models wider than 128 too: MlpOptions(wide_kernel=True)), \"torch.compile max-autotune-no-cudagraphs + CUDA graph\" (the hand-graphed peer of FusedMLP + CUDA graph))")
     b.add_argument("--merge", action="store_true",
                    help="resnet/train/cvt: merge the rows into an existing --out JSON (split long runs)")
     b.add_argument("--calls", type=int, default=None,
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     b.add_argument("--out", default="bench_results/conv.json", help="JSON output path")
     b.set_defaults(fn=cmd_bench)
     rep = sub.add_parser("report", help="reprint the tables of saved `bench resnet` / `bench train` JSON "
-                                        "(e.g. docs/results/*/*.json), the per-layer table with each kernel's "
+                                        "(e.g. docs/benchmarks/resnet/*.json), the per-layer table with each kernel's "
                                         "bound; no GPU needed")
     rep.add_argument("files", nargs="+", help="JSON files that bench resnet or bench train wrote")
     rep.set_defaults(fn=cmd_report)

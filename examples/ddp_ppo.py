@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""DD-PPO-shaped training of FusedResNet under torch DistributedDataParallel (issue 23).
+"""DD-PPO-shaped training of FusedResNet under torch DistributedDataParallel.
 
 One process per GPU (bps-nav's DD-PPO): synthetic observations, the SE-ResNet9-FixUp encoder
 (FusedResNet, or the PyTorch reference module in channels_last for comparison), a small

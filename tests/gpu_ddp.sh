@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FusedResNet under DDP on GPUs (issue 23): the evidence the CPU machine cannot give.
+# FusedResNet under DDP on GPUs: the evidence the CPU machine cannot give.
 # Needs cutlass_ops installed for these GPUs (pip install --no-build-isolation .) and matplotlib.
 #   2 GPUs:  bash tests/gpu_ddp.sh            (gradients, throughput 1 vs 2 GPUs, loss curves)
 #   1 GPU:   ONE_GPU=1 bash tests/gpu_ddp.sh  (two processes sharing the GPU through gloo)

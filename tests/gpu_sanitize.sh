@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# compute-sanitizer over tests/python/test_sanitize_selection.py (issue 22): every kernel of
+# compute-sanitizer over tests/python/test_sanitize_selection.py: every kernel of
 # the library at least once, at the smallest shapes that reach it.  Run from the repo root
 # with cutlass_ops installed in $PYTHON (default python3):
 #

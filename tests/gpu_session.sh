@@ -14,7 +14,7 @@
 # tensors, concurrency, bad input) and sanitize:TOOL,TOOL (tests/gpu_sanitize.sh); mlp-tests
 # (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
 # b2b:N (bench b2b, conv2d_b2b at batch N; into b2b_nN.json); se-excite:N (bench se-excite at batch N);
-# CvT (issue 20): cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
+# CvT: cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
 # step), train-check-cvt.
 # The family-90 dgrad/wgrad kernels (built unless CUTLASS_OPS_SM90_BACKWARD=OFF is in the environment
 # of this script): sm90-backward-tests (test_conv2d_backward_sm90.py, then test_conv2d_backward.py
@@ -166,7 +166,7 @@ for step in ${STEPS:-}; do
          "$REPO/tests/python/test_fused_mlp.py" > "$OUT/mlp_tests.log" 2>&1)
       grep -E "passed|failed|^FAILED|^ERROR" "$OUT/mlp_tests.log" | tail -8
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
-    reliability)  # issue 22's GPU tests: the fuzz (CUTLASS_OPS_FUZZ_CASES per op), large tensors, concurrency, bad input
+    reliability)  # the reliability GPU tests: the fuzz (CUTLASS_OPS_FUZZ_CASES per op), large tensors, concurrency, bad input
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rs \
          "$REPO/tests/python/test_fuzz.py" "$REPO/tests/python/test_large_tensors.py" \
          "$REPO/tests/python/test_concurrency.py" "$REPO/tests/python/test_bad_input.py" > "$OUT/reliability.log" 2>&1)

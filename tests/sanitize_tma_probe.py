@@ -1,4 +1,4 @@
-"""Is compute-sanitizer's initcheck blind to TMA stores?  (issue 22's triage, not a test.)
+"""Is compute-sanitizer's initcheck blind to TMA stores?  (a triage probe, not a test.)
 
 The family-90 conv2d_fused kernels write their output with TMA (cp.async.bulk.tensor), the
 family-80 ones with ordinary stores; "cudnn" is cuDNN's float16 weight gradient (what

@@ -5,8 +5,8 @@ Metrics as in bench.py: **throughput**, `calls` back-to-back calls between two C
 median of `reps`, per call; **latency**, one synchronized call between two events, median.
 Each system is set up (for FusedMLP: kernel compile or cache load, reported as compile_s /
 load_s; for torch.compile: compile + autotune) and timed, then released before the next.
-**Device time**: the profiler's kernel sum of one call (bench.device_time). Timing helpers
-are bench.py's.  Each system's rate in throughput is also given against the GPU's datasheet
+**Device time**: the profiler's kernel sum of one call (timing.device_time). Timing helpers
+are tools/timing.py's.  Each system's rate in throughput is also given against the GPU's datasheet
 peaks (the fraction of tensor and memory peak): TFLOP/s of the Linear layers'
 work and TB/s of the least memory traffic (x and y; a training step also dy and dx).
 """

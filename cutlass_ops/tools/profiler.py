@@ -1,7 +1,7 @@
 """Profiler sweep: every built conv2d_fused kernel on a model's conv problems, timed on this
 GPU, written to profiles/<gpu>/sm<family>.csv in the CUTLASS profiler's conv2d columns.
 With ``--backward`` the dgrad/wgrad kernels and cuDNN's instead (profiler_backward.py).  On
-sm90 the dispatcher compares family 90's rules (sm90.csv) with sm80.csv's by their times.
+sm90 the dispatcher compares family 90's rules (sm90.csv) with the same GPU's sm80.csv by their times.
 
 The generator (python/cutlass_ops_gen/tiles.py) reads these files at the next build: it
 instantiates each problem's fastest tile and emits a dispatch rule for it.  Build with
@@ -111,9 +111,9 @@ class CvtMlpGemms(torch.nn.Module):
     """CvT-13's block MLP GEMMs (fc1 C -> 4C and fc2 4C -> C for C = 64, 192, 384) as 1x1 convs
     over a token map (N, C, L, 1), each on an input of its own width (only the shapes matter),
     for ``profile --model cutlass_ops.tools.profiler:CvtMlpGemms --input-shape 64,3136,1 --batch
-    4 16 64`` (GEMM M 12544, 50176, 200704: N=64's stage 3, 2 and 1).  FusedCvT runs fc1 with its
-    SiLU as conv2d_fused in inference with CUTLASS_OPS_CVT_SILU_EPILOGUE=1, whose tiles such
-    rules would pick (no such rules are committed in profiles/)."""
+    4 16 64`` (GEMM M 12544, 50176, 200704: N=64's stage 3, 2 and 1): conv2d_fused's tiles on
+    those shapes, for comparing with linear_silu (FusedCvT's fc1 in inference); no such rules
+    are committed in profiles/."""
 
     def __init__(self):
         super().__init__()

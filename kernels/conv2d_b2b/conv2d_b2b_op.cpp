@@ -1,6 +1,6 @@
 // cutlass_ops::conv2d_b2b: schema, input checks and the CPU (ATen) implementation of the
 // back-to-back conv y = act1(conv1x1(act0(conv(x, w0) + bias0), w1) + bias1).  The CUDA
-// implementation is in conv2d_b2b_cuda.cpp; the fake (meta) one in cutlass_ops/ops.py.
+// implementation is in conv2d_b2b_cuda.cpp; the fake (meta) one in cutlass_ops/ops/conv2d_b2b.py.
 #include "conv2d_b2b/conv2d_b2b_op.h"
 
 namespace cutlass_ops {

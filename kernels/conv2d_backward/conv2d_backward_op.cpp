@@ -1,6 +1,6 @@
 // cutlass_ops::conv2d_dgrad and cutlass_ops::conv2d_wgrad: the gradients of a conv2d
-// (cutlass_ops/autograd.py uses them for conv2d_fused).  Schema, checks and the CPU (ATen)
-// implementation; CUDA in conv2d_backward_cuda.cpp, fake in cutlass_ops/ops.py.
+// (cutlass_ops/ops/ (the autograd formulas) uses them for conv2d_fused).  Schema, checks and the CPU (ATen)
+// implementation; CUDA in conv2d_backward_cuda.cpp, fake in cutlass_ops/ops/conv2d_backward.py.
 #include "conv2d_backward/conv2d_backward_op.h"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // cutlass_ops::conv2d_fused: schema, input checks and the CPU (ATen) implementation.
 // The CUDA implementation is in conv2d_fused_cuda.cpp; the fake (meta) one in
-// cutlass_ops/ops.py.
+// cutlass_ops/ops/conv2d_fused.py.
 #include "conv2d_fused/conv2d_fused_op.h"
 
 namespace cutlass_ops {

@@ -47,7 +47,7 @@ namespace sm90 {
 // its last operand): 0 identity, 1 ReLU ("v < 0 ? 0 : v", so that NaN stays NaN).  No SiLU
 // here: its branch (expf and a division) took these kernels from 95 to 125-133 registers a
 // thread, and with them from two CTAs per SM to one: every family-90 conv of FusedResNet ran
-// 1.4-1.7x longer on an H100 (session 18).  SiLU calls run the family-80 kernels (the
+// 1.4-1.7x longer on an H100.  SiLU calls run the family-80 kernels (the
 // dispatcher skips family 90 for them); sm90 GEMMs with SiLU are kernels/linear_silu's.
 struct ActivationArguments {
   int act = 0;

@@ -6,7 +6,7 @@
 // layer_norm_dw_conv3x3_tokens(x, h, w, ln_weight, ln_bias, eps, weight, bias, strides, lead):
 // the same convs on LayerNorm(x) (and the lead rows LayerNormed), the block's norm1 inside the
 // kernel.  Schema, checks and the CPU (ATen) implementations; CUDA in dw_conv3x3_tokens_cuda.cpp, the
-// fakes and autograd in cutlass_ops/ops.py and autograd.py.
+// fakes and autograd in cutlass_ops/ops/dw_conv3x3_tokens.py.
 #include "dw_conv3x3_tokens/dw_conv3x3_tokens_op.h"
 
 #include <cmath>

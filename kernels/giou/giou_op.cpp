@@ -1,7 +1,7 @@
 // cutlass_ops::giou_loss and giou_loss_backward: generalized-IoU loss of box pairs (as
 // torchvision.ops.generalized_box_iou_loss) with optional validity (mask, per-image counts or
 // ragged offsets) and the reduction over the valid boxes.  Schemas, checks and the CPU (ATen)
-// implementations; CUDA in giou_cuda.cpp, fake impls and autograd in cutlass_ops/giou.py.
+// implementations; CUDA in giou_cuda.cpp, fake impls and autograd in cutlass_ops/ops/giou.py.
 #include "giou/giou_op.h"
 
 #include <vector>

@@ -4,7 +4,7 @@
 // cutlass_ops::layer_norm_rows_backward: its backward,
 //   (grad_x, grad_weight, grad_bias)   grad_x = LayerNorm's input gradient + grad_sum, in s's
 //   dtype; the parameter gradients in the statistics' dtype (empty where not asked for).
-// Used by cutlass_ops/ops.py and autograd.py (fake impls, autograd) and FusedCvT.  Schemas,
+// Used by cutlass_ops/ops/layer_norm_rows.py (fake impls, autograd) and FusedCvT.  Schemas,
 // checks and the CPU (ATen) implementations; CUDA in layer_norm_rows_cuda.cpp.
 #include "layer_norm_rows/layer_norm_rows_op.h"
 

@@ -3,7 +3,7 @@
 // transformer's residual add is not a pass of its own (nor a LayerNorm's second input).  x
 // (..., K), weight (N, K), bias (N) or None, residual (..., N); out (..., N) in x's dtype.
 // Schema, checks and the CPU (ATen) implementation; CUDA (cuBLASLt) in linear_residual_cuda.cpp,
-// the fake and autograd in cutlass_ops/ops.py.
+// the fake and autograd in cutlass_ops/ops/linear_residual.py.
 #include "linear_residual/linear_residual_op.h"
 
 #include <cmath>

@@ -3,7 +3,7 @@
 // so that the activation is written once instead of written, read and written again.  x
 // (..., K), weight (N, K), bias (N) or None; y (..., N) in x's dtype.  Schema, checks and the CPU
 // (ATen) implementation; CUDA in linear_silu_cuda.cpp (the generated family-90 kernels), the
-// fake and autograd in cutlass_ops/ops.py.
+// fake and autograd in cutlass_ops/ops/linear_silu.py.
 #include "linear_silu/linear_silu_op.h"
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // cutlass_ops::relu_backward: the backward of an op's "relu(z) + post_bias" epilogue from its
 // saved output, with the two scalar sums FixUp needs (see relu_backward_kernel.h).  Used by
-// cutlass_ops/autograd.py.  Schema, checks and the CPU (ATen) implementation; CUDA in
-// relu_backward_cuda.cpp, fake in cutlass_ops/ops.py.
+// cutlass_ops/ops/ (the autograd formulas).  Schema, checks and the CPU (ATen) implementation; CUDA in
+// relu_backward_cuda.cpp, fake in cutlass_ops/ops/relu_backward.py.
 #include "relu_backward/relu_backward_op.h"
 
 namespace cutlass_ops {

@@ -2,7 +2,7 @@
 // scale's dtype (float32, or float64 for a float64 x) rounded once to x's dtype.  FusedCvT's drop
 // path (timm's x.div(keep_prob) * mask, two passes each way) as one multiply forward and
 // backward.  Schema, checks and the CPU (ATen) implementation; CUDA in scale_samples_cuda.cpp,
-// the fake and autograd in cutlass_ops/ops.py and autograd.py.
+// the fake and autograd in cutlass_ops/ops/scale_samples.py.
 #include "scale_samples/scale_samples_op.h"
 
 #include <vector>

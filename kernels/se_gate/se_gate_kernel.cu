@@ -51,7 +51,7 @@ SeGateShape se_gate_shape(int N, int H, int W, int C, int R, int num_sms, size_t
   }
   // Cache the maps when h is too big to stay in L2 for its second read (at least half of
   // L2) and two CTAs still fit an SM (the launch bounds' two; 1 KB a CTA is the system's).
-  // H100, FusedResNet's SE gates (session 18): at N=2048 16x16x64 (h 67 MB) cached took 0.091
+  // H100, FusedResNet's SE gates: at N=2048 16x16x64 (h 67 MB) cached took 0.091
   // ms against 0.112, 8x8x128 (34 MB) 0.062 against 0.065, but 4x4x256 (17 MB) 0.043 against
   // 0.041, and at N=128 (4 MB and less) cached was 0-5% slower.
   size_t const two_ctas = smem_per_sm / 2 > 1024 ? smem_per_sm / 2 - 1024 : 0;

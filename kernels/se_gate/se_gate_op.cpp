@@ -1,8 +1,8 @@
 // cutlass_ops::se_gate: squeeze-excitation gate + residual + ReLU in one pass, and
-// se_gate_backward (its whole backward, used by cutlass_ops/autograd.py); se_squeeze and
+// se_gate_backward (its whole backward, used by cutlass_ops/ops/ (the autograd formulas)); se_squeeze and
 // se_gate_apply, the same gate's two ends around an excite MLP of the caller's.
 // Schemas, checks and the CPU (ATen) implementations; CUDA in se_gate_cuda.cpp, fake in
-// cutlass_ops/ops.py.
+// cutlass_ops/ops/se_gate.py.
 #include "se_gate/se_gate_op.h"
 
 #include <utility>

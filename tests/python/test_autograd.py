@@ -1,4 +1,4 @@
-"""Gradients of conv2d_fused, se_gate and FusedResNet (cutlass_ops/autograd.py) vs float64."""
+"""Gradients of conv2d_fused, se_gate and FusedResNet (cutlass_ops/ops/: each family's autograd registration) vs float64."""
 import pytest
 import torch
 
@@ -31,7 +31,7 @@ def test_conv2d_fused_gradcheck(bias_kind, relu, residual):
 @pytest.mark.parametrize("bias_kind", ["channel", "scalar"])
 @pytest.mark.parametrize("residual", [True, False])
 def test_conv2d_fused_silu_gradcheck(bias_kind, residual):
-    """SiLU's backward recomputes the pre-activation (autograd.py): every input's gradient."""
+    """SiLU's backward recomputes the pre-activation (ops/conv2d_fused.py): every input's gradient."""
     g = torch.Generator().manual_seed(1)
     x, w = _leaf(2, 3, 5, 6, g=g), _leaf(4, 3, 3, 3, g=g)
     bias = _leaf(4, g=g) if bias_kind == "channel" else _leaf(g=g)

@@ -1,4 +1,4 @@
-"""The backward's CUDA ops (cutlass_ops/autograd.py uses them): relu_backward (ReLU mask
+"""The backward's CUDA ops (the ops' autograd formulas in cutlass_ops/ops/ use them): relu_backward (ReLU mask
 from the saved output + the FixUp sums) and se_gate_backward (se_gate's whole backward,
 its fused AvgPool2d(3, 2, 1) included), against float64 references."""
 import pytest

@@ -1,4 +1,4 @@
-"""Bad input everywhere (issue 22): every public op and module, given a wrong dtype, a tensor
+"""Bad input everywhere: every public op and module, given a wrong dtype, a tensor
 on the wrong device (a CPU tensor among CUDA ones and the reverse; on a machine without CUDA
 a meta tensor among CPU ones, which runs the fake impls' checks), a wrong rank, or a
 complex tensor that requires grad, raises ValueError/TypeError naming the argument, before

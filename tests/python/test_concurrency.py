@@ -1,4 +1,4 @@
-"""Concurrency (issue 22): ops called from two threads and on two streams at once give the
+"""Concurrency: ops called from two threads and on two streams at once give the
 right answers; the thread-local kernel choices (conv2d_backward_force_kernel,
 conv2d_fused_force_kernel, the last-kernel names) do not leak between threads; a CUDA graph
 captured on a side stream replays correctly while another stream runs eager ops."""

@@ -1,4 +1,4 @@
-"""conv2d_dgrad and conv2d_wgrad (the training path's conv gradients; cutlass_ops/autograd.py)
+"""conv2d_dgrad and conv2d_wgrad (the training path's conv gradients; cutlass_ops/ops/conv2d_fused.py's autograd)
 against float64 references, on the CPU (ATen) and the GPU (generated CUTLASS kernels)."""
 import pathlib
 

@@ -1,4 +1,4 @@
-"""cutlass_ops.ops.conv_embed (issue 20: CvT's first token embedding, 7x7/4 from 3 channels + bias
+"""cutlass_ops.ops.conv_embed (CvT's first token embedding, 7x7/4 from 3 channels + bias
 + LayerNorm, as one kernel): the CPU path and the CUDA kernel against float64 (conv, bias and
 LayerNorm in float64), by relative L2 and max error; random LayerNorm weights and biases, odd
 batches and image sizes, 1 to 11 input channels, NCHW, channels_last and sliced inputs,

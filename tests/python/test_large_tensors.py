@@ -1,4 +1,4 @@
-"""Tensors over 2^31 elements (issue 22): each op gives correct results or a clear error
+"""Tensors over 2^31 elements: each op gives correct results or a clear error
 before launch, never a wrapped 32-bit index.  Tested at the boundary: just below 2^31 (the
 kernels run) and at or just above it (64-bit kernels run, or the op takes ATen, or raises).
 GPU only, up to ~30 GB of GPU memory per test (each skips when less is free); select them

@@ -1,5 +1,5 @@
 """bench mlp's arithmetic (no GPU): the work and least memory traffic of a model, and a timed
-system's fractions of the GPU's peaks, on the numbers of an H100 run (session 17: 32-64x4-16,
+system's fractions of the GPU's peaks, on the numbers of an H100 run (32-64x4-16,
 2^21 rows, fp16, inference in 0.2469 ms at 261.0 TFLOP/s before rounding the time)."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""cutlass_ops.ops.scale_samples (issue 20: FusedCvT's drop path, x * mask / keep_prob per
+"""cutlass_ops.ops.scale_samples (FusedCvT's drop path, x * mask / keep_prob per
 sample, as one multiply forward and backward): the CPU path and the CUDA kernel against the
 product in float32 (float64 for float64) rounded once, bitwise; odd sample sizes (the
 element-wise path), a misaligned x, zero and negative factors, NaN passing through; autograd
