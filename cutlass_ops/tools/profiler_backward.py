@@ -47,8 +47,11 @@ class _Cudnn:
     def __init__(self, kind: str):
         self.kind = kind
 
+    def groupdict(self) -> dict:
+        return {"kind": self.kind, "m": 0, "n": 0, "k": 0, "stages": 0, "wm": 0, "wn": 0, "it": "o"}
+
     def __getitem__(self, key):
-        return {"kind": self.kind, "m": 0, "n": 0, "k": 0, "stages": 0, "wm": 0, "wn": 0, "it": "o"}[key]
+        return self.groupdict()[key]
 
 
 def wgrad_split_candidates(p: dict, k, num_sms: int) -> list[int]:

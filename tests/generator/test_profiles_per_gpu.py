@@ -104,10 +104,11 @@ def test_committed_profiles_are_per_gpu():
     assert profile_gpus(PROFILES) == list(COMMITTED)
     by_gpu = _rules_by_gpu(PROFILES)
     assert set(by_gpu) == set(COMMITTED)
-    # As committed: the H200 measured fprop with family 80; the H100 fprop with family 90 and
-    # dgrad/wgrad with family 80 (cuDNN among them) and family 90.
+    # As committed: the H200 measured fprop with families 80 and 90 and dgrad/wgrad with family 80
+    # (cuDNN among them) and family 90; the H100 fprop with family 90 and dgrad/wgrad likewise.
     kinds = {gpu: {(k.op, k.family) for k, _ in rules} for gpu, rules in by_gpu.items()}
-    assert kinds["h200"] == {("conv2d_fused", 80)}
+    assert kinds["h200"] == {("conv2d_fused", 80), ("conv2d_fused", 90), ("conv2d_dgrad", 80),
+                             ("conv2d_wgrad", 80), ("conv2d_dgrad", 90), ("conv2d_wgrad", 90)}
     assert kinds["h100-80gb-hbm3"] == {("conv2d_fused", 90), ("conv2d_dgrad", 80), ("conv2d_wgrad", 80),
                                        ("conv2d_dgrad", 90), ("conv2d_wgrad", 90)}
 
@@ -146,7 +147,7 @@ def test_a_gpu_without_a_profile_has_no_rules(tmp_path):
     (the default choice), whatever the other GPUs measured."""
     tables = _tables(PROFILES, tmp_path / "gen")
     assert set(tables["conv2d_fused"]) == set(COMMITTED)
-    assert set(tables["conv2d_backward"]) == {"h100-80gb-hbm3"}  # only the H100 profiled dgrad/wgrad
+    assert set(tables["conv2d_backward"]) == set(COMMITTED)  # both profiled dgrad/wgrad
     assert NEW_GPU not in tables["conv2d_fused"] and "a100-sxm4-80gb" not in tables["conv2d_fused"]
     # Without any profile: no GPU, no rule.
     empty = tmp_path / "none"

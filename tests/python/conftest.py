@@ -33,6 +33,13 @@ import os
 import sys
 from pathlib import Path
 
+# Under pytest-xdist with CUTLASS_OPS_TEST_GPUS="0,1,..." (tests/gpu_suite.sh), worker k runs
+# on the k-th GPU of that list, modulo its length: set before anything initialises CUDA.
+if os.environ.get("CUTLASS_OPS_TEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER"):
+    _gpus = os.environ["CUTLASS_OPS_TEST_GPUS"].split(",")
+    _k = int("".join(c for c in os.environ["PYTEST_XDIST_WORKER"] if c.isdigit()) or 0)
+    os.environ["CUDA_VISIBLE_DEVICES"] = _gpus[_k % len(_gpus)]
+
 import pytest
 import torch
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The full test suite on a GPU machine, spread over its GPUs: pytest-xdist workers, worker k on
+# GPU k mod G (CUTLASS_OPS_TEST_GPUS, read by tests/python/conftest.py), then ctest on the build
+# tree when BUILD_DIR names one.  One process takes over 10 minutes on an H100; 4 workers per
+# GPU share a GPU well because most tests are small.
+#   bash tests/gpu_suite.sh                      # every test, 4 workers per GPU
+#   WORKERS=8 BUILD_DIR=build bash tests/gpu_suite.sh tests/python/test_fuzz.py
+# Needs cutlass_ops installed for this GPU and pytest-xdist.  Fails loudly where the library has
+# no CUDA kernels (every GPU test would skip), prints the counts and every distinct skip reason,
+# and exits non-zero on a failure or on a GPU test skipped for want of a GPU.
+# Writes $OUT/gpu_suite.log (default gpu_results/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-gpu_results}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+G=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+[ "$G" -ge 1 ] || { echo "gpu_suite: no GPU (nvidia-smi -L lists none)"; exit 1; }
+WORKERS=${WORKERS:-$((4 * G))}
+export CUTLASS_OPS_TEST_GPUS=${CUTLASS_OPS_TEST_GPUS:-$(seq -s, 0 $((G - 1)))}
+(cd /tmp && "$PYTHON" -P -c '
+import torch, cutlass_ops
+assert torch.cuda.is_available(), "torch sees no GPU"
+assert cutlass_ops.cuda_kernels_built(), "cutlass_ops was built without CUDA kernels: every GPU test would skip"
+print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count(), "| torch", torch.__version__,
+      "| build", cutlass_ops._library.build_info().get("archs"))') || exit 1
+[ $# -gt 0 ] || set -- "$REPO/tests/python"
+start=$(date +%s)
+# -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures
+(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load "$@") \
+  > "$OUT/gpu_suite.log" 2>&1
+rc=$?
+echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers"
+grep -oE "(^|\] )(FAILED|ERROR) [^ ]+" "$OUT/gpu_suite.log" | sed 's/^\] //' | sort -u | head -40
+echo "outcomes: $(grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) " "$OUT/gpu_suite.log" | sort | uniq -c | tr -s ' \n' ' ')"
+echo "skip reasons (count, reason):"
+grep -E "^SKIPPED \[" "$OUT/gpu_suite.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+: /\1 /' \
+  | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%7d %s\n", c[r], r}' | sort -rn | head -30
+tail -1 "$OUT/gpu_suite.log"
+if grep -qE "^SKIPPED .*no CUDA device" "$OUT/gpu_suite.log"; then
+  echo "gpu_suite: FAILED: GPU tests skipped for want of a GPU on a machine that has one"; rc=1
+fi
+if [ -n "${BUILD_DIR:-}" ]; then
+  ctest --test-dir "$BUILD_DIR" --output-on-failure > "$OUT/ctest.log" 2>&1 || rc=1
+  tail -3 "$OUT/ctest.log"
+fi
+exit $rc
