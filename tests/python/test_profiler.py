@@ -165,3 +165,14 @@ def test_backward_sweep_family_90_rows_feed_the_generator(tmp_path):
         _, rules, origin = select_tiles(InstanceKey(op, 90, "f16", 8), tmp_path / "profiles")
         assert rules and "profile h" in origin
     assert sweep_backward(problems, out, iters=3, family=90) == 0  # resumed
+
+
+def test_cudnn_rows_are_written_like_kernel_rows():
+    """profile --backward's cuDNN rows go through the same row writer as our kernels' (on the CPU:
+    no timing, only the row)."""
+    from cutlass_ops.tools.profiler import _row
+    from cutlass_ops.tools.profiler_backward import _Cudnn
+    p = dict(n=512, h=16, w=16, c=64, k=64, r=3, s=3, stride=1, pad=1)
+    row = _row(1, p, _Cudnn("wgrad"), "f16", 80, 1, 0.0123, "passed")
+    assert row["Operation"] == "cudnn" and row["Runtime"] == "0.012300" and row["p"] == 16
+    assert set(row) <= set(COLUMNS)
