@@ -395,6 +395,16 @@ def train(args, rank, world, device) -> dict:
             graph.replay()
             return static_loss.clone()
 
+    def optimizer_step():
+        scaler.step(opt)
+        scaler.update()
+
+    def fwd_bwd_step(data):
+        if replay is not None:
+            return replay(data)
+        agent.zero_grad(set_to_none=True)
+        return fwd_bwd(data)
+
     losses, times, comm = [], [], []
     for step in range(args.steps):
         data = load(step)
@@ -407,14 +417,9 @@ def train(args, rank, world, device) -> dict:
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
         if cuda:
             ev[0].record()
-        if replay is not None:
-            loss = replay(data)
-        else:
-            agent.zero_grad(set_to_none=True)
-            loss = fwd_bwd(data)
+        loss = fwd_bwd_step(data)
         bwd_end = timer.mark() if timer is not None else None
-        scaler.step(opt)
-        scaler.update()
+        optimizer_step()
         if cuda:
             ev[1].record()
             torch.cuda.synchronize()
@@ -441,7 +446,40 @@ def train(args, rank, world, device) -> dict:
         result["comm_last_step"] = later[-1]
     if args.measure_allreduce and not args.no_ddp and not args.graph:
         result["allreduce_added"] = measure_sync_cost(args, ddp, model, agent, fwd_bwd, load, cuda, timer)
+    if args.throughput_steps:
+        if timer is not None:
+            timer.active = False
+        batches = [load(args.steps + i) for i in range(min(args.throughput_steps, 4))]
+        result.update(measure_throughput(lambda d: (fwd_bwd_step(d), optimizer_step()), batches,
+                                         args.throughput_steps, n * world, cuda, device))
     return result
+
+
+def measure_throughput(step, batches, steps, global_batch, cuda, device) -> dict:
+    """Training steps back to back, `steps` of them between two CUDA events (the host clock on
+    the CPU), every rank starting together after a barrier, the data already made (cycling through
+    `batches`); the slowest rank's time.  The per-step medians above synchronize the host before
+    each step and time from the step's start on rank 0, so on several ranks they also count the
+    wait for a rank that started later; this is the rate a training loop sustains."""
+    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(batches[i % len(batches)])
+    if cuda:
+        ev[1].record()
+        torch.cuda.synchronize()
+        ms = ev[0].elapsed_time(ev[1]) / steps
+    else:
+        ms = (time.perf_counter() - start) * 1e3 / steps
+    slowest = torch.tensor([ms], dtype=torch.float64, device=device if cuda else "cpu")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    ms = slowest.item()
+    return {"throughput_steps": steps, "throughput_step_ms": ms,
+            "throughput_samples_per_s": global_batch / (ms / 1e3)}
 
 
 def measure_sync_cost(args, ddp, model, agent, fwd_bwd, load, cuda, timer) -> dict:
@@ -524,6 +562,9 @@ def parse_args(argv=None):
                    help="--check-grads: max relative error per parameter (default: 1e-10 for float64 parameters, "
                         "1e-4 for float32 ones; 16-bit runs: DDP's error vs float64 <= 2x the single process's "
                         "+ 1e-3, tensors only)")
+    p.add_argument("--throughput-steps", type=int, default=None, metavar="K",
+                   help="after the logged steps, time K more back to back (barrier first, data made "
+                        "beforehand; the slowest rank's time): the throughput metric (default 30 on CUDA, 0 on the CPU)")
     p.add_argument("--measure-allreduce", type=int, default=0, metavar="REPS",
                    help="also time REPS fwd+bwd with gradient sync and REPS without (ddp.no_sync()), alternating")
     p.add_argument("--ignore-param", action="append", default=[], metavar="NAME",
@@ -550,6 +591,11 @@ def main(argv=None) -> int:
         args.batch = 2048 if device.type == "cuda" else 4
     if args.dtype is None:
         args.dtype = "float16" if device.type == "cuda" else "float32"
+    if args.check_grads and args.graph:
+        raise SystemExit("--check-grads compares steps run outside a CUDA graph; --graph is checked by training: "
+                         "its loss curve against eager's (tests/python/test_ddp.py, tests/gpu_ddp.sh)")
+    if args.throughput_steps is None:
+        args.throughput_steps = 30 if device.type == "cuda" else 0
     args.data_chunk = math.gcd(args.batch, args.data_chunk)
     if args.no_ddp and world != 1:
         raise SystemExit("--no-ddp is the one-process baseline: world size 1")
@@ -638,6 +684,9 @@ def summarize(args, result) -> None:
     losses = result["losses"]
     print(f"loss: step 0 {losses[0]:.5f}, step {len(losses) - 1} {losses[-1]:.5f}")
     print(f"step: median {result['median_step_ms']:.3f} ms ({result['samples_per_s']:.0f} samples/s global)")
+    if "throughput_step_ms" in result:
+        print(f"throughput: {result['throughput_steps']} steps back to back, {result['throughput_step_ms']:.3f} ms "
+              f"a step ({result['throughput_samples_per_s']:.0f} samples/s global)")
     if "allreduce_exposed_ms_median" in result:
         print(f"all-reduce: {result['buckets_per_step']} bucket(s) per step "
               f"({', '.join(f'{b / 2**20:.1f}' for b in result['bucket_bytes'])} MiB); medians: "

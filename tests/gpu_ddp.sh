@@ -4,20 +4,25 @@
 #   2 GPUs:  bash tests/gpu_ddp.sh            (gradients, throughput 1 vs 2 GPUs, loss curves)
 #   1 GPU:   ONE_GPU=1 bash tests/gpu_ddp.sh  (two processes sharing the GPU through gloo)
 # Results: $OUT (default gpu_results/ddp): one JSON per run, summary.json, loss_curves_1_vs_2_gpus.png,
-# and each run's log.  A run that fails is recorded (its log) and the script goes on.
+# and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 7 minutes
+# on two H200s (each run starts its processes anew: ~15 s); COMPILE=1 adds torch.compile's runs.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its relatives, below, unless already set).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-gpu_results/ddp}
 N=${N:-2048}
-STEPS=${STEPS:-20}
+STEPS=${STEPS:-60}
+CURVE_STEPS=${CURVE_STEPS:-200}
 mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
+  NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 run() {  # run NAME NPROC ARGS...
   local name=$1 nproc=$2; shift 2
   echo "== $name: $nproc process(es): $*"
   "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$nproc" examples/ddp_ppo.py "$@" \
     --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-  echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
+  echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|throughput:|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
 }
 "$PYTHON" -P -m cutlass_ops info > "$OUT/info.json" 2>&1
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
@@ -34,24 +39,27 @@ fi
 
 # 1. gradients: NCCL, one step (two, with the rebuilt buckets) vs one process on the concatenated batch
 run check_fp16 2 --check-grads --dtype float16 --batch 256
-run check_fp16_static 2 --check-grads --dtype float16 --batch 256 --static-graph
-run check_fp16_compile 2 --check-grads --dtype float16 --batch 256 --compile
+run check_bf16 2 --check-grads --dtype bfloat16 --batch 256
 run check_fp32 2 --check-grads --dtype float32 --batch 64
+run check_fp16_static 2 --check-grads --dtype float16 --batch 256 --static-graph
+run check_fp16_bucketview 2 --check-grads --dtype float16 --batch 256 --grad-as-bucket-view
 run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
-# 2. throughput at N per GPU (1 GPU at N: the baseline), loss curves (1 GPU at 2N: same global batch)
-for model in fused reference; do
-  for mode in eager graph compile; do
-    flags=""
-    [ "$mode" = graph ] && flags="--graph --static-graph"
-    [ "$mode" = compile ] && flags="--compile"
-    [ "$model" = reference ] && [ "$mode" = compile ] && continue
-    run "${model}_${mode}_2gpu" 2 --model $model --batch "$N" --steps "$STEPS" $flags \
-      $([ "$mode" = eager ] && echo --measure-allreduce 5)
-    run "${model}_${mode}_1gpu" 1 --model $model --batch "$N" --steps "$STEPS" $flags --no-ddp
-    run "${model}_${mode}_1gpu_samebatch" 1 --model $model --batch $((2 * N)) --steps "$STEPS" $flags --no-ddp
-  done
+# 2. throughput at N per GPU (1 GPU at N: the baseline): FusedResNet in its CUDA graph at N and N/4,
+# eager at N with the all-reduce timed (overlap, exposed time, and what it adds), and with 4 MiB buckets
+for n in "$N" $((N / 4)); do
+  run "fused_graph_n${n}_2gpu" 2 --batch "$n" --steps "$STEPS" --graph --static-graph
+  run "fused_graph_n${n}_1gpu" 1 --batch "$n" --steps "$STEPS" --graph --static-graph --no-ddp
 done
-# smaller buckets: more all-reduces beside the backward
-run fused_eager_bucket4mb_2gpu 2 --batch "$N" --steps "$STEPS" --bucket-cap-mb 4 --measure-allreduce 5
+run "fused_eager_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --measure-allreduce 5
+run "fused_eager_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --no-ddp
+run "fused_eager_bucket4mb_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --bucket-cap-mb 4 --measure-allreduce 5
+# torch.compile under DDP (minutes of compiling): COMPILE=1
+if [ "${COMPILE:-0}" = 1 ]; then
+  run "fused_compile_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --compile
+  run "fused_compile_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --compile --no-ddp
+fi
+# 3. loss curves: 2 GPUs at N against 1 GPU at 2N (the same global batch), CURVE_STEPS updates
+run curve_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph
+run curve_1gpu_samebatch 1 --batch $((2 * N)) --steps "$CURVE_STEPS" --graph --static-graph --no-ddp
 "$PYTHON" examples/ddp_ppo_report.py "$OUT"
 "$PYTHON" -P -m pytest -p no:cacheprovider -ra tests/python/test_ddp.py 2>&1 | tail -20 | tee "$OUT/pytest.txt"

@@ -96,7 +96,7 @@ CPU_RUNS = {  # started together (the 2-core CI machine runs them side by side),
     "ignored": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--check-steps", 1,
                 "--ignore-param", "encoder.layers.2.0.fixup_scale"),
     "train2": (2, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
-               "--batch", 2, "--bucket-cap-mb", 0.05),
+               "--batch", 2, "--bucket-cap-mb", 0.05, "--throughput-steps", 2),
     "train1": (1, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
                "--batch", 4),
 }
@@ -162,6 +162,10 @@ def test_two_ranks_train_like_one_rank_on_the_same_global_batch(cpu_runs):
     assert len(two["losses"]) == 3 and len(set(two["losses"])) == 3  # it trains: the loss changes
     for a, b in zip(two["losses"], one["losses"]):
         assert abs(a - b) <= 1e-5 * abs(b), (two["losses"], one["losses"])
+    # the throughput metric: steps back to back after the logged ones, the slowest rank's time
+    assert two["throughput_steps"] == 2 and two["throughput_step_ms"] > 0
+    assert two["throughput_samples_per_s"] == pytest.approx(4 / (two["throughput_step_ms"] / 1e3))
+    assert "throughput_step_ms" not in one  # off on the CPU unless asked for
     comm = two["comm_last_step"]
     assert two["buckets_per_step"] > 1 and all(b["done_ms"] >= b["ready_ms"] for b in comm["buckets"])
     assert comm["backward_compute_end_ms"] <= comm["backward_returned_ms"]
