@@ -13,8 +13,9 @@ op's wrapper records, for every call on CUDA, which path it took:
   and the input);
 - in strict mode raises ``FallbackError`` instead, naming the op, the reason and the input's
   shapes, dtypes and strides.  Strict mode: ``with cutlass_ops.strict(): ...`` (this thread;
-  nestable, ``strict(False)`` turns it off inside), default from ``CUTLASS_OPS_STRICT=1``
-  (read once, at import).
+  nestable, ``strict(False)`` turns it off inside; ``strict(all_threads=True)``: every
+  thread, autograd's backward threads included), default from ``CUTLASS_OPS_STRICT=1`` (read
+  once, at import).
 
 CPU tensors are not recorded: the CPU implementation is the CPU path, not a fallback.  A
 path the build's profile chose (cuDNN measured faster than our kernel on a problem) is
@@ -63,6 +64,7 @@ def _strict_from_env() -> bool:
 
 
 _STRICT_DEFAULT = _strict_from_env()
+_default = [_STRICT_DEFAULT]  # the threads' default; strict(all_threads=True) sets it for a block
 _local = threading.local()
 _lock = threading.Lock()
 _counts: dict[tuple[str, str], int] = {}
@@ -72,14 +74,26 @@ _warned: set[tuple[str, str]] = set()
 def is_strict() -> bool:
     """Whether a fallback raises on this thread (the innermost ``strict()``, else the default)."""
     s = getattr(_local, "strict", None)
-    return _STRICT_DEFAULT if s is None else s
+    return _default[0] if s is None else s
 
 
 @contextlib.contextmanager
-def strict(enabled: bool = True) -> Iterator[None]:
+def strict(enabled: bool = True, all_threads: bool = False) -> Iterator[None]:
     """Within the block, on this thread, any op that falls back raises FallbackError
     (``strict(False)``: warns and counts instead, as outside strict mode).  Nestable; the
-    previous setting comes back on exit."""
+    previous setting comes back on exit.
+
+    all_threads: set the default of every thread without a ``strict()`` of its own instead
+    (the process's, as CUTLASS_OPS_STRICT sets it), for the block.  Autograd runs a CUDA
+    backward on its own threads: ``strict(all_threads=True)`` covers the backward's ops too."""
+    if all_threads:
+        previous_default = _default[0]
+        _default[0] = bool(enabled)
+        try:
+            yield
+        finally:
+            _default[0] = previous_default
+        return
     previous = getattr(_local, "strict", None)
     _local.strict = bool(enabled)
     try:
@@ -116,7 +130,8 @@ def record(op: str, path: str = KERNEL) -> None:
 
 
 def last_path(op: str) -> Optional[str]:
-    """The path of the last CUDA call of ``op`` on this thread: "kernel" (our kernel, or a
+    """The path of the last CUDA call of ``op`` on this thread (a CUDA backward's ops run on
+    autograd's threads: ``fallback_counts()`` sees those): "kernel" (our kernel, or a
     library path the profile chose), "empty" (nothing to compute), "fallback: <reason>", or
     None when there was none."""
     paths = getattr(_local, "paths", None)
