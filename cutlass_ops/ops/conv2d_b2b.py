@@ -6,7 +6,9 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ._common import _accumulate_dtype, _check_devices, _conv_output_size, _pair
+from .. import paths
+from ._common import (_HALF, _INT32_MAX, _accumulate_dtype, _capability, _check_devices, _conv_output_size, _pair,
+                      _report_last_kernel)
 
 
 def conv2d_b2b(
@@ -35,12 +37,33 @@ def conv2d_b2b(
     sm80 or newer (Volta has no B2B conv in CUTLASS), fp16/bf16, C a multiple of 8, both ReLUs
     on, and (K0, K1) one of the built pairs (``conv2d_b2b_kernels()``; by default 32->64,
     64->64, 64->128, 64->256): each instance computes exactly its channel counts.  Anything
-    else runs two ATen convs with a one-time warning; ``conv2d_b2b_last_kernel()`` says
-    which ran.
+    else runs two ATen convs (a fallback: cutlass_ops.paths); ``conv2d_b2b_last_kernel()``
+    names the kernel that ran.
     Differentiable: the backward recomputes the composite (there is no fused backward).
     """
-    return torch.ops.cutlass_ops.conv2d_b2b(input, w0, bias0, w1, bias1, _pair(stride, "stride"),
-                                            _pair(padding, "padding"), bool(relu0), bool(relu1))
+    out = torch.ops.cutlass_ops.conv2d_b2b(input, w0, bias0, w1, bias1, _pair(stride, "stride"),
+                                           _pair(padding, "padding"), bool(relu0), bool(relu1))
+    if paths.recording(input):
+        _report_last_kernel("conv2d_b2b", conv2d_b2b_last_kernel(),
+                            lambda: _b2b_why_aten(input, w0, w1, out, bool(relu0), bool(relu1)),
+                            input=input, w0=w0, w1=w1, stride=stride, padding=padding, relu0=relu0, relu1=relu1)
+    return out
+
+
+def _b2b_why_aten(input, w0, w1, out, relu0: bool, relu1: bool) -> str:
+    """Why conv2d_b2b's CUDA op took two ATen convs (kernels/conv2d_b2b/conv2d_b2b_cuda.cpp)."""
+    if _capability(input) < 80:
+        return "B2B instances need sm80 or newer"
+    if input.dtype not in _HALF:
+        return f"{str(input.dtype).replace('torch.', '')} input (B2B instances are float16/bfloat16 only)"
+    if not (relu0 and relu1):
+        return "B2B instances apply ReLU after both convs"
+    if input.shape[1] % 8:
+        return "input channels are not a multiple of 8"
+    if max(input.numel(), out.numel() // max(w1.shape[0], 1) * w0.shape[0], out.numel()) >= _INT32_MAX:
+        return "over 2^31 elements"
+    return (f"no B2B instance runs {w0.shape[0]}->{w1.shape[0]} channels (conv2d_b2b_kernels() lists the "
+            "built ones), or a tensor is not 16-byte aligned")
 
 
 def conv2d_b2b_last_kernel() -> str:

@@ -8,7 +8,9 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ._common import Scalar, _as_tensor, _check_devices, _conv_output_size, _pair
+from .. import paths
+from ._common import (_HALF, _INT32_MAX, Scalar, _as_tensor, _check_devices, _conv_output_size, _pair,
+                      _report_last_kernel)
 
 
 def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Sequence[int],
@@ -23,8 +25,14 @@ def conv2d_dgrad(grad_output: torch.Tensor, weight: torch.Tensor, input_size: Se
     ATen (cuDNN on CUDA; the scale folded into the weight).  Returns (N, C, H, W) in
     grad_output's dtype, channels_last.  ``conv2d_backward_last_kernel()`` says which ran.
     """
-    return torch.ops.cutlass_ops.conv2d_dgrad(grad_output, weight, list(input_size), _pair(stride, "stride"),
-                                              _pair(padding, "padding"), _as_tensor(scale, grad_output))
+    dx = torch.ops.cutlass_ops.conv2d_dgrad(grad_output, weight, list(input_size), _pair(stride, "stride"),
+                                            _pair(padding, "padding"), _as_tensor(scale, grad_output))
+    if paths.recording(grad_output):
+        _report_last_kernel("conv2d_dgrad", conv2d_backward_last_kernel(),
+                            lambda: _backward_why_aten(grad_output, dx.numel()),
+                            grad_output=grad_output, weight=weight, input_size=tuple(input_size), stride=stride,
+                            padding=padding)
+    return dx
 
 
 def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
@@ -42,8 +50,24 @@ def conv2d_wgrad(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.T
     CUDA one more kernel then sums the slices, scales and takes the dot product.  dL/dweight
     is (K, C, R, S) in channels_last memory.
     """
-    return torch.ops.cutlass_ops.conv2d_wgrad(grad_output, input, weight, _pair(stride, "stride"),
-                                              _pair(padding, "padding"), _as_tensor(scale, grad_output))
+    grads = torch.ops.cutlass_ops.conv2d_wgrad(grad_output, input, weight, _pair(stride, "stride"),
+                                               _pair(padding, "padding"), _as_tensor(scale, grad_output))
+    if paths.recording(grad_output):
+        _report_last_kernel("conv2d_wgrad", conv2d_backward_last_kernel(),
+                            lambda: _backward_why_aten(grad_output, input.numel()),
+                            grad_output=grad_output, input=input, weight=weight, stride=stride, padding=padding)
+    return grads
+
+
+def _backward_why_aten(grad_output: torch.Tensor, input_numel: int) -> str:
+    """Why conv2d_dgrad/conv2d_wgrad's CUDA op took ATen without the profile choosing cuDNN
+    (kernels/conv2d_backward/conv2d_backward_cuda.cpp and its dispatcher)."""
+    if grad_output.dtype not in _HALF:
+        return f"{str(grad_output.dtype).replace('torch.', '')} input (the kernels take float16/bfloat16)"
+    if max(grad_output.numel(), input_numel) >= _INT32_MAX:
+        return "over 2^31 elements"
+    return ("no generated kernel fits this problem (channel counts not multiples of 8, unaligned tensors, "
+            "or a GPU before sm80; the op's warning says which)")
 
 
 def conv2d_backward_kernels(family: Optional[int] = None) -> list[str]:

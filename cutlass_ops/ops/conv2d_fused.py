@@ -36,7 +36,9 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ..streams import fork_side_stream, join_side_stream, single_use_declared, stored_as_is, use_side_stream
-from ._common import Scalar, _accumulate_dtype, _as_tensor, _check_devices, _grad_as, _meta, _pair
+from .. import paths
+from ._common import (_HALF, _INT32_MAX, Scalar, _accumulate_dtype, _as_tensor, _check_devices, _grad_as, _meta,
+                      _pair, _report_last_kernel)
 from .conv2d_backward import conv2d_dgrad, conv2d_wgrad
 from .relu_backward import _epilogue_backward
 
@@ -68,13 +70,27 @@ def conv2d_fused(
 
     Returns (N, K, P, Q) in channels_last memory format.  Any stride, padding and kernel
     size; channel counts that are not multiples of 8 run lower-alignment kernels, and
-    shapes no generated kernel covers run the ATen composite (with a one-time warning).
+    shapes no generated kernel covers run the ATen composite (a fallback: cutlass_ops.paths).
     Scalars given as tensors stay on the device (no host sync, CUDA-graph safe).
     """
     bias_t = _as_tensor(bias, input)
-    return torch.ops.cutlass_ops.conv2d_fused(
+    out = torch.ops.cutlass_ops.conv2d_fused(
         input, weight, bias_t, residual, _as_tensor(scale, input), _as_tensor(post_bias, input),
         _pair(stride, "stride"), _pair(padding, "padding"), bool(relu), bool(silu))
+    if paths.recording(input):
+        _report_last_kernel("conv2d_fused", conv2d_fused_last_kernel(), lambda: _conv2d_fused_why_aten(input, out),
+                            input=input, weight=weight, stride=stride, padding=padding)
+    return out
+
+
+def _conv2d_fused_why_aten(input: torch.Tensor, out: torch.Tensor) -> str:
+    """Why conv2d_fused's CUDA op took the ATen composite (kernels/conv2d_fused/conv2d_fused_cuda.cpp)."""
+    if input.dtype not in _HALF:
+        return f"{str(input.dtype).replace('torch.', '')} input (the kernels take float16/bfloat16)"
+    n = max(input.shape[0], 1)
+    if max(input.numel(), out.numel()) // n >= _INT32_MAX:
+        return "one image over 2^31 elements"
+    return "no generated kernel fits this problem (the op's warning names each kernel's refusal)"
 
 
 def conv2d_fused_last_kernel() -> str:

@@ -6,7 +6,38 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ._common import _check_devices, _pair
+from .. import paths
+from ._common import _INT32_MAX, _capability, _check_devices, _dtype_reason, _pair, _report
+
+
+def _conv_embed_why_not(input: torch.Tensor, weight: torch.Tensor, stride, padding):
+    """Why conv_embed's kernel does not run (kernels/conv_embed/conv_embed_cuda.cpp and its
+    kernel_supports), None when it does, paths.EMPTY for an empty output."""
+    if input.dim() != 4 or weight.dim() != 4:
+        return None  # the op's own checks reject it
+    n, c, h, w = input.shape
+    k, _, r, s = weight.shape
+    p = (h + 2 * padding[0] - r) // stride[0] + 1
+    q = (w + 2 * padding[1] - s) // stride[1] + 1
+    why = _dtype_reason(input)
+    if why is not None:
+        return why
+    if input.dtype == torch.bfloat16 and _capability(input) < 80:
+        return "bfloat16 needs sm80 or newer"
+    if _capability(input) < 70:
+        return "the kernel needs sm70 or newer"
+    if s > 8:
+        return f"the kernel is {s} wide (at most 8)"
+    if c * r * 8 > 256:
+        return f"C * R = {c * r} (at most 32)"
+    if k not in (32, 64, 128):
+        return f"K = {k} is not 32, 64 or 128"
+    if max(stride) > 1 << 20 or max(padding) > 1 << 20 or n * max(p, 0) * max(q, 0) >= _INT32_MAX - 4096 or \
+            max(h, w) >= _INT32_MAX // 2:
+        return "sizes past the kernel's 32-bit indexing"
+    if n * p * q == 0:
+        return paths.EMPTY
+    return None
 
 
 def conv_embed(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -24,8 +55,12 @@ def conv_embed(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     Differentiable (the backward recomputes the conv and the LayerNorm with ATen)."""
     _check_devices("conv_embed", ("input", input), ("weight", weight), ("bias", bias), ("ln_weight", ln_weight),
                    ("ln_bias", ln_bias))
-    return torch.ops.cutlass_ops.conv_embed(input, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
-                                            bool(layer_norm), ln_weight, ln_bias, float(eps))
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    if paths.recording(input):
+        _report("conv_embed", _conv_embed_why_not(input, weight, stride, padding), input=input, weight=weight,
+                stride=stride, padding=padding)
+    return torch.ops.cutlass_ops.conv_embed(input, weight, bias, stride, padding, bool(layer_norm), ln_weight, ln_bias,
+                                            float(eps))
 
 
 @torch.library.register_fake("cutlass_ops::conv_embed")

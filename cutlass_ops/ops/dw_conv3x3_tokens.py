@@ -3,11 +3,19 @@ holds (CvT's q, k, v projections), layer_norm_dw_conv3x3_tokens (the same after 
 and dw_conv3x3_tokens_backward_input; wrappers, fake impls and autograd."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import torch
 
-from ._common import _check_devices
+from .. import paths
+from ._common import _check_devices, _dtype_reason, _report
+
+
+def _dw_why_not(x: torch.Tensor):
+    """Why the dw_conv3x3_tokens kernels do not run tokens x (kernels/dw_conv3x3_tokens/
+    dw_conv3x3_tokens_cuda.cpp), None when they do, paths.EMPTY for no tokens."""
+    return paths.EMPTY if x.numel() == 0 else _dtype_reason(x)
 
 
 def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -25,6 +33,8 @@ def dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, weight: torch.Tensor, bia
     _check_devices("dw_conv3x3_tokens", ("x", x), ("weight", weight), ("bias", bias), ("lead", lead))
     if isinstance(strides, int):
         raise TypeError("dw_conv3x3_tokens: strides must be a list (one stride per conv), e.g. [1, 2, 2]")
+    if paths.recording(x):
+        _report("dw_conv3x3_tokens", _dw_why_not(x), x=x, h=h, w=w, weight=weight, lead=lead)
     return torch.ops.cutlass_ops.dw_conv3x3_tokens(x, int(h), int(w), weight, bias, [int(s) for s in strides], lead)
 
 
@@ -45,6 +55,11 @@ def layer_norm_dw_conv3x3_tokens(x: torch.Tensor, h: int, w: int, ln_weight: Opt
                    ("weight", weight), ("bias", bias), ("lead", lead))
     if isinstance(strides, int):
         raise TypeError("layer_norm_dw_conv3x3_tokens: strides must be a list (one stride per conv), e.g. [1, 2, 2]")
+    if paths.recording(x):
+        why = _dw_why_not(x)
+        if why is None and os.environ.get("CUTLASS_OPS_DW_TILE", "") == "0":
+            why = "CUTLASS_OPS_DW_TILE=0 (ATen's LayerNorm, then the dw_conv3x3_tokens kernel)"
+        _report("layer_norm_dw_conv3x3_tokens", why, x=x, h=h, w=w, weight=weight, lead=lead)
     return torch.ops.cutlass_ops.layer_norm_dw_conv3x3_tokens(x, int(h), int(w), ln_weight, ln_bias, float(eps),
                                                              weight, bias, [int(s) for s in strides], lead)
 
@@ -60,6 +75,8 @@ def dw_conv3x3_tokens_backward_input(grad_y: Sequence[torch.Tensor], h: int, w: 
     gradients of output j's conv rows (images may be apart: slices behind lead rows) -> grad_x
     (N, h*w, C), the sum over the convs of each one's transposed conv, written once.  One CUDA
     kernel for fp16/bf16 (float32 sums), ATen's conv_transpose2d otherwise."""
+    if grad_y and paths.recording(grad_y[0]):
+        _report("dw_conv3x3_tokens_backward_input", _dw_why_not(grad_y[0]), grad_y=list(grad_y), h=h, w=w)
     return torch.ops.cutlass_ops.dw_conv3x3_tokens_backward_input(list(grad_y), int(h), int(w), weight,
                                                                   [int(s) for s in strides])
 

@@ -22,12 +22,11 @@ the ops' Python round trips.  The kernels and their launches: ``mlp_jit``.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from cutlass_ops_gen.mlp_spec import MlpSpec, diff, to_torch
 
+from .. import paths
 from ..mlp_jit import (CUDA_DTYPES, config, device_index, launch_backward, launch_forward, options_of,
                       partial_layout, saved_buffers, spec_of)
 
@@ -161,14 +160,16 @@ def _layer_views(key: str, db, dw) -> tuple[list, list]:
     return gb, gw
 
 
-_WARNED: set = set()
-
-
-def _warn_torch_path(dtype) -> None:
-    if dtype not in _WARNED:
-        _WARNED.add(dtype)
-        warnings.warn(f"cutlass_ops.FusedMLP: the CUDA kernel takes float16/bfloat16; {dtype} runs as "
-                      "torch ops (correct, not fused)", stacklevel=3)
+def _report_path(op: str, x: torch.Tensor) -> None:
+    """The path report of a CUDA call (cutlass_ops.paths): the kernel takes float16/bfloat16;
+    other dtypes run the same math as torch ops (correct, not fused): a fallback."""
+    if not paths.recording(x):
+        return
+    if x.dtype in CUDA_DTYPES:
+        paths.record(op)
+    else:
+        paths.fallback(op, f"{str(x.dtype).replace('torch.', '')} input (the kernel takes float16/bfloat16; "
+                       "the same math runs as torch ops)", paths.describe(x=x))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,8 +192,8 @@ def _fused_mlp_cpu(x, weights, biases, key, save):
 def _fused_mlp_cuda(x, weights, biases, key, save):
     spec = spec_of(key)
     _check_args("fused_mlp", x, weights, biases, spec)
+    _report_path("fused_mlp", x)
     if x.dtype not in CUDA_DTYPES:
-        _warn_torch_path(x.dtype)
         return _forward_math(x, weights, biases, spec, save)
     return launch_forward(key, x, weights, biases, save)
 
@@ -218,6 +219,7 @@ def _fused_mlp_backward_cpu(grad_y, x, weights, saved, key, need_dx, fused_dw):
 def _fused_mlp_backward_cuda(grad_y, x, weights, saved, key, need_dx, fused_dw):
     spec = spec_of(key)
     _check_saved(grad_y, x, saved, spec)
+    _report_path("fused_mlp_backward", x)
     if x.dtype not in CUDA_DTYPES:
         return _backward_math(grad_y, x, weights, saved, spec, need_dx, fused_dw)
     dx, dzs, db, dw = launch_backward(key, grad_y, x, weights, saved, need_dx, fused_dw)

@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from ._common import _check_devices
+from .. import paths
+from ._common import _check_devices, _gemm_why_not, _report
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor,
@@ -16,8 +17,11 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     or second MLP Linear landing on the residual stream).  On CUDA in fp16/bf16 with K and N
     multiples of 8, one cuBLASLt matmul: the residual as its C input (beta = 1), the bias (read
     in x's dtype) in its epilogue, float32 accumulation, one rounding; elsewhere ATen in float32
-    (float64 for float64), rounded once.  Differentiable."""
+    (float64 for float64), rounded once (also where cuBLASLt's heuristic offers no algorithm:
+    not reported as a fallback).  Differentiable."""
     _check_devices("linear_residual", ("x", x), ("weight", weight), ("bias", bias), ("residual", residual))
+    if paths.recording(x):
+        _report("linear_residual", _gemm_why_not(x, weight), x=x, weight=weight, residual=residual)
     return torch.ops.cutlass_ops.linear_residual(x, weight, bias, residual, float(alpha))
 
 

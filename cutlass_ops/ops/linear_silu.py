@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from ._common import _check_devices
+from .. import paths
+from ._common import _aligned16, _capability, _check_devices, _gemm_why_not, _report
 
 
 def linear_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -20,6 +21,8 @@ def linear_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     after fc1, z sigmoid(1.702 z), is silu(1.702 z) / 1.702: alpha 1.702 and fc1's own bias,
     the 1/1.702 going into fc2 (FusedCvT._silu_mlp)."""
     _check_devices("linear_silu", ("x", x), ("weight", weight), ("bias", bias))
+    if paths.recording(x):
+        _report("linear_silu", _linear_silu_why_not(x, weight), x=x, weight=weight)
     return torch.ops.cutlass_ops.linear_silu(x, weight, bias, float(alpha))
 
 
@@ -29,6 +32,27 @@ def linear_silu_kernels() -> list[str]:
     if not hasattr(torch.ops.cutlass_ops, "linear_silu_kernels"):  # registered by CUDA builds only
         return []
     return list(torch.ops.cutlass_ops.linear_silu_kernels())
+
+
+_BUILT: list = []  # linear_silu_kernels(), read once
+
+
+def _linear_silu_why_not(x: torch.Tensor, weight: torch.Tensor):
+    """Why linear_silu's CUDA op takes ATen (kernels/linear_silu/linear_silu_cuda.cpp), None
+    when its kernel runs, paths.EMPTY for an empty problem.  Not seen here: an instance's own
+    refusal of the problem (none does for the shapes these checks pass)."""
+    why = _gemm_why_not(x, weight)
+    if why is not None:
+        return why
+    if not _BUILT:
+        _BUILT.append(bool(linear_silu_kernels()))
+    if not _BUILT[0]:
+        return "this build has no linear_silu kernels (they need arch 90 in CUTLASS_OPS_ARCHS)"
+    if _capability(x) != 90:
+        return "the kernels run on sm90 (H100/H200) only"
+    if not (_aligned16(x) and _aligned16(weight)):
+        return "x or weight is not 16-byte aligned (a view at an odd offset)"
+    return None
 
 
 @torch.library.register_fake("cutlass_ops::linear_silu")

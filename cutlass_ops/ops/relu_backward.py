@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import Scalar, _as_tensor, _check_devices
+from .. import paths
+from ._common import Scalar, _as_tensor, _check_devices, _dtype_reason, _report
 
 
 def relu_backward(grad: torch.Tensor, out: torch.Tensor, post_bias: Scalar = None):
@@ -19,6 +20,8 @@ def relu_backward(grad: torch.Tensor, out: torch.Tensor, post_bias: Scalar = Non
     an element with 0 < z below half an ulp of post_bias counts as inactive.  Returns
     ``(grad_z, sums)``, grad_z in out's layout (channels_last for 4-D).
     """
+    if paths.recording(out):
+        _report("relu_backward", paths.EMPTY if out.numel() == 0 else _dtype_reason(out), grad=grad, out=out)
     return torch.ops.cutlass_ops.relu_backward(grad, out, _as_tensor(post_bias, out))
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import _check_devices
+from .. import paths
+from ._common import _check_devices, _dtype_reason, _report
 
 
 def scale_samples(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -13,6 +14,8 @@ def scale_samples(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     sample size and pointers allow), ATen otherwise.  Differentiable in x (the backward is the
     same multiply; scale gets no gradient).  FusedCvT's drop path: scale = mask / keep_prob."""
     _check_devices("scale_samples", ("x", x), ("scale", scale))
+    if paths.recording(x):
+        _report("scale_samples", paths.EMPTY if x.numel() == 0 else _dtype_reason(x), x=x, scale=scale)
     return torch.ops.cutlass_ops.scale_samples(x, scale)
 
 

@@ -13,7 +13,35 @@ from typing import Optional
 
 import torch
 
-from ._common import Scalar, _as_tensor, _check_devices, _grad_as, _meta
+from .. import paths
+from ._common import (_INT32_MAX, Scalar, _aligned16, _as_tensor, _check_devices, _dtype_reason, _grad_as, _meta,
+                      _report)
+
+_FORWARD_MAX_C = 4096   # se_gate_max_channels(): 512 threads x 8 channels (kernels/se_gate/se_gate_device.cuh)
+_BACKWARD_MAX_C = 2048  # se_gate_backward_supported(): 256 threads x 8 channels
+
+
+def _se_why_not(h: torch.Tensor, maps, max_c: int) -> Optional[str]:
+    """Why se_gate's kernels (se_gate, se_squeeze, se_gate_apply: ``max_c`` 4096; the backward:
+    2048) do not run h and the maps of its shape (kernels/se_gate/se_gate_cuda.cpp), None when
+    they do, paths.EMPTY for an empty h."""
+    if h.dim() != 4:
+        return None  # the op's own checks reject it
+    if h.numel() == 0:
+        return paths.EMPTY
+    why = _dtype_reason(h)
+    if why is not None:
+        return why
+    c = h.shape[1]
+    if c % 8:
+        return f"C = {c} is not a multiple of 8"
+    if c > max_c:
+        return f"C = {c} is over the kernel's {max_c} channels"
+    if h.numel() // h.shape[0] >= _INT32_MAX:
+        return "one image over 2^31 elements"
+    if not all(_aligned16(t, torch.channels_last) for t in (h, *maps)):
+        return "a channels_last input is not 16-byte aligned (a view at an odd offset)"
+    return None
 
 
 def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
@@ -28,10 +56,12 @@ def se_gate(h: torch.Tensor, identity: torch.Tensor, fc1_weight: torch.Tensor,
         pooled = avg_pool2d(out, 3, 2, 1, count_include_pad=True)   # if avgpool
 
     h, identity: (N, C, H, W) fp16/bf16 (channels_last); the excite weights in any float
-    dtype (float32 keeps them exact).  One CTA per image; C % 8 == 0 and C <= 2048 run the
+    dtype (float32 keeps them exact).  One CTA per image; C % 8 == 0 and C <= 4096 run the
     CUDA kernel, other shapes the ATen composite.  Returns ``out`` (channels_last), or
     ``(out, pooled)`` when ``avgpool``: the pooled map feeds a ResNet downsample.
     """
+    if paths.recording(h):
+        _report("se_gate", _se_why_not(h, (identity,), _FORWARD_MAX_C), h=h, identity=identity)
     out, pooled = torch.ops.cutlass_ops.se_gate(
         h, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias, _as_tensor(identity_bias, h),
         _as_tensor(post_bias, h), bool(avgpool), _as_tensor(h_bias, h))
@@ -64,6 +94,8 @@ def se_squeeze(h: torch.Tensor, h_bias: Scalar = None) -> torch.Tensor:
     With ``se_gate_apply`` it splits the gate around an excite MLP of the caller's (a B2B
     GEMM, say: ``python -m cutlass_ops bench se-excite``).  CUDA: se_gate's kernel stopped
     after its squeeze; other shapes and CPU: ATen.  Its backward is ATen's composite."""
+    if paths.recording(h):
+        _report("se_squeeze", _se_why_not(h, (), _FORWARD_MAX_C), h=h)
     return torch.ops.cutlass_ops.se_squeeze(h, _as_tensor(h_bias, h))
 
 
@@ -85,6 +117,8 @@ def se_gate_apply(h: torch.Tensor, identity: torch.Tensor, gate: torch.Tensor,
     Returns ``out`` (channels_last), or ``(out, pooled)`` when ``avgpool``.  CUDA: se_gate's
     kernel with its squeeze and excite skipped; other shapes and CPU: ATen.  Its backward is
     ATen's composite."""
+    if paths.recording(h):
+        _report("se_gate_apply", _se_why_not(h, (identity,), _FORWARD_MAX_C), h=h, identity=identity, gate=gate)
     out, pooled = torch.ops.cutlass_ops.se_gate_apply(
         h, identity, gate, _as_tensor(identity_bias, h), _as_tensor(post_bias, h), bool(avgpool),
         _as_tensor(h_bias, h))
@@ -122,6 +156,12 @@ def se_gate_backward(grad_out: torch.Tensor, grad_pooled: Optional[torch.Tensor]
     for 1-8 images per CTA; a grad_h pass with its sum) plus the batch reductions of the
     weights' gradients; other cases run the ATen composite.
     """
+    if paths.recording(h):
+        why = _se_why_not(h, (grad_out, out, grad_pooled), _BACKWARD_MAX_C)
+        if why is None and fc1_weight.dim() == 2 and fc1_weight.shape[0] < 1:
+            why = "the excite MLP has no hidden units"
+        _report("se_gate_backward", why, grad_out=grad_out, grad_pooled=grad_pooled, h=h, out=out,
+                fc1_weight=fc1_weight)
     return torch.ops.cutlass_ops.se_gate_backward(grad_out, grad_pooled, h, out, fc1_weight, fc1_bias,
                                                   fc2_weight, fc2_bias, _as_tensor(post_bias, h),
                                                   _as_tensor(h_bias, h))

@@ -9,7 +9,9 @@ from typing import Optional
 
 import torch
 
-from ._common import Scalar, _accumulate_dtype, _as_tensor, _check_devices, _conv_dtype, _grad_as, _meta
+from .. import paths
+from ._common import (_INT32_MAX, Scalar, _accumulate_dtype, _aligned16, _as_tensor, _capability, _check_devices,
+                      _conv_dtype, _dtype_reason, _grad_as, _meta, _report)
 from .relu_backward import _epilogue_backward
 
 
@@ -26,8 +28,39 @@ def space_to_depth_conv(input: torch.Tensor, weight: torch.Tensor, post_bias: Sc
     the ATen composite.  Returns (N, K, H/4, W/4)
     in channels_last memory.
     """
+    if paths.recording(input):
+        why = _s2d_why_not(input, weight.shape[0] if weight.dim() else 0)
+        _report("space_to_depth_conv", why, input=input, weight=weight)
     return torch.ops.cutlass_ops.space_to_depth_conv(input, weight, _as_tensor(post_bias, input),
                                                      bool(relu))
+
+
+_MAX_PIXELS = _INT32_MAX - (1 << 24)  # the kernels index output pixels in 32 bits
+
+
+def _s2d_why_not(input: torch.Tensor, k: int):
+    """Why the space_to_depth_conv kernels (forward, and the weight gradient) do not run input
+    with K output channels (kernels/space_to_depth_conv/*_cuda.cpp), None when they do,
+    paths.EMPTY for an empty problem."""
+    if input.dim() != 4:
+        return None  # the op's own checks reject it
+    n, c, h, w = input.shape
+    if input.numel() == 0 or k == 0:
+        return paths.EMPTY
+    why = _dtype_reason(input)
+    if why is not None:
+        return why
+    if input.dtype == torch.bfloat16 and _capability(input) < 80:
+        return "bfloat16 needs sm80 or newer"
+    if _capability(input) < 70:
+        return "the kernels need sm70 or newer"
+    if c > 16:
+        return f"C = {c} is over 16"
+    if k not in (32, 64, 128):
+        return f"K = {k} is not 32, 64 or 128"
+    if n * (h // 4) * (w // 4) >= _MAX_PIXELS:
+        return "over 2^31 output pixels"
+    return None
 
 
 @torch.library.register_fake("cutlass_ops::space_to_depth_conv")
@@ -54,6 +87,11 @@ def space_to_depth_conv_weight_grad(grad: torch.Tensor, input: torch.Tensor, out
     the forward kernel's shapes run a WMMA kernel (the patch matrix rebuilt from the input, as
     the WMMA forward kernel builds it); other cases the ATen composite.
     """
+    if paths.recording(input):
+        why = _s2d_why_not(input, grad.shape[1] if grad.dim() == 4 else 0)
+        if why is None and not (_aligned16(grad, torch.channels_last) and _aligned16(out, torch.channels_last)):
+            why = "grad or out is not 16-byte aligned (a channels_last view at an odd offset)"
+        _report("space_to_depth_conv_weight_grad", why, grad=grad, input=input, out=out)
     return torch.ops.cutlass_ops.space_to_depth_conv_weight_grad(grad, input, out, _as_tensor(post_bias, input))
 
 

@@ -530,11 +530,11 @@ def test_gpu_misaligned_and_strided_input():
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_gpu_wide_dtypes_run_torch_ops(dtype, monkeypatch):
+def test_gpu_wide_dtypes_run_torch_ops(dtype):
     """float32/float64 on CUDA: not the kernel (fp16/bf16 only) but the same math as torch ops,
-    with a one-time warning; forward and input gradient against float64."""
-    import cutlass_ops.ops.fused_mlp as op
-    monkeypatch.setattr(op, "_WARNED", set())
+    a fallback (warned once per reason: cutlass_ops.paths); forward and input gradient against float64."""
+    from cutlass_ops import paths
+    paths.reset()
     _, fused, ref_model, x = setup("odd_57_127_1_84_3", dtype, "cuda", 33)
     xg = x.cuda().requires_grad_()
     with pytest.warns(UserWarning, match="runs as torch ops"):
