@@ -172,6 +172,7 @@ def bench_resnet(batch_sizes=(128, 512, 2048), dtype=torch.float16, in_channels=
         row = {"n": n, "fused_vs_eager_rel_error": rel, "work": work,
                "fused_kernels_per_forward": len(breakdown), "fused_kernel_us": breakdown,
                "layers": layer_table(n, breakdown, in_channels, peak),
+               "block_fused_bound": block_fused_bound(n, in_channels, peak),
                "results": results, "ratios": ratios(results)}
         tp = row["ratios"].get("throughput_ms")
         if tp:
@@ -245,6 +246,12 @@ def print_resnet_table(result: dict) -> None:
     layers = layer_table(row["n"], row.get("fused_kernel_us", []), result["in_channels"], result["peaks"])
     if layers:
         print_layer_table(row["n"], layers)
+    design = block_fused_bound(row["n"], result["in_channels"], result["peaks"])
+    print(f"bound of the block-fused design at N={row['n']} (each block reads its input and weights once and "
+          f"writes its output once; the stem as now): {design['bound_us']:.1f} us "
+          f"({design['flops'] / 1e9:.1f} GFLOP at the dense fp16 peak: {design['flops_us']:.1f} us; "
+          f"{design['bytes'] / 1e6:.0f} MB at HBM bandwidth: {design['bytes_us']:.1f} us; per part: "
+          + ", ".join(f"{b['part']} {b['bound_us']:.1f}" for b in design["parts"]) + ")")
 
 
 def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[dict]:
@@ -301,6 +308,33 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
         row["fraction_of_bound"] = row["bound_us"] / us
         rows.append(row)
     return rows
+
+
+def block_fused_bound(n: int, in_channels: int, peaks: dict) -> dict:
+    """The time bound of FusedResNet's forward with each residual block one kernel: per part (the
+    stem; each block with its downsample), its FLOPs (every conv as a conv, 3x3 taps on the padding
+    counted) at the dense fp16 peak or its compulsory bytes (the part's input read once, its output
+    written once, its weights read once, fp16) at HBM bandwidth, whichever is longer; the parts
+    add up: what such fusion could reach at best, not what a kernel does."""
+    from ..models import SEResNet9FixUp
+    model = SEResNet9FixUp(in_channels)
+    peak_flops, peak_bytes = peaks["tflops_dense_fp16_datasheet"] * 1e12, peaks["hbm_tb_s_datasheet"] * 1e12
+    parts = [("stem", 2.0 * n * 16 * 16 * 16 * in_channels * 64,
+              2 * (n * in_channels * 64 * 64 + n * 64 * 16 * 16 + 16 * in_channels * 64))]
+    hw, c = 16, 64
+    for i, layer in enumerate(model.layers):
+        blk = layer[0]
+        k, st = blk.conv1.out_channels, blk.conv1.stride[0]
+        out = (hw - 1) // st + 1
+        flops = 2.0 * n * out * out * (k * c * 9 + k * k * 9 + (k * c if blk.downsample is not None else 0))
+        weights = k * c * 9 + k * k * 9 + (k * c if blk.downsample is not None else 0)
+        parts.append((f"layers.{i}", flops, 2 * (n * c * hw * hw + n * k * out * out + weights)))
+        hw, c = out, k
+    rows = [{"part": name, "flops": f, "bytes": b, "bound_us": max(f / peak_flops, b / peak_bytes) * 1e6}
+            for name, f, b in parts]
+    flops, nbytes = sum(r["flops"] for r in rows), sum(r["bytes"] for r in rows)
+    return {"n": n, "parts": rows, "flops": flops, "bytes": nbytes, "flops_us": flops / peak_flops * 1e6,
+            "bytes_us": nbytes / peak_bytes * 1e6, "bound_us": sum(r["bound_us"] for r in rows)}
 
 
 def print_layer_table(n: int, layers: list[dict]) -> None:

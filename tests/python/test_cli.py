@@ -54,6 +54,24 @@ def test_layer_table_maps_kernels_to_layers():
     assert layer_table(2048, [(se, 1.0)] + kernels[1:], 3, peaks) == []  # not the stem first
 
 
+def test_block_fused_bound_counts_each_block_once():
+    """bench resnet's bound line for the block-fused design: per image 127.5 MFLOP (the issue's
+    count); block 0 at N=2048: 77.3 GFLOP and 134 MB (input and output maps once, weights once)."""
+    from cutlass_ops.tools.bench import block_fused_bound
+    peaks = {"tflops_dense_fp16_datasheet": 989.0, "hbm_tb_s_datasheet": 4.8}
+    d = block_fused_bound(2048, 3, peaks)
+    assert [p["part"] for p in d["parts"]] == ["stem", "layers.0", "layers.1", "layers.2", "layers.3"]
+    assert abs(d["flops"] / 2048 / 1e6 - 127.5) < 0.1
+    b0 = d["parts"][1]
+    assert b0["flops"] == 2.0 * 2048 * 256 * 64 * 64 * 9 * 2
+    assert b0["bytes"] == 2 * (2 * 2048 * 256 * 64 + 2 * 64 * 64 * 9)
+    assert abs(b0["bound_us"] - max(b0["flops"] / 989e12, b0["bytes"] / 4.8e12) * 1e6) < 1e-9
+    assert abs(d["bound_us"] - sum(p["bound_us"] for p in d["parts"])) < 1e-9
+    # a block with a downsample reads its input once for both its conv1 and the downsample
+    b1 = d["parts"][2]
+    assert b1["bytes"] == 2 * (2048 * 64 * 256 + 2048 * 128 * 64 + 128 * 64 * 9 + 128 * 128 * 9 + 128 * 64)
+
+
 def test_report_reprints_saved_results(tmp_path):
     """`report` reads what bench resnet / bench train saved (here a committed H100 run) and prints
     the same tables, the per-layer bounds included; anything else is refused by name."""
