@@ -45,6 +45,20 @@ def run_layer_norm_rows(c, device):
     return fail
 
 
+def _dw3x3(m, w, b, s):
+    """F.conv2d(m, w, b, s, 1, 1, C) for a depthwise 3x3, padding 1; in float64 as nine shifted
+    multiply-adds: ATen's float64 depthwise conv on the CPU takes ~0.3-0.6 s a call, even on tiny
+    maps, which would make the CPU fuzz of these ops take minutes (the same sum, in another order)."""
+    if m.dtype != torch.float64:
+        return F.conv2d(m, w, b, s, 1, 1, m.shape[1])
+    n, c, h, wd = m.shape
+    p = F.pad(m, (1, 1, 1, 1))
+    ho, wo = (h - 1) // s + 1, (wd - 1) // s + 1
+    y = sum(p[:, :, r:r + s * (ho - 1) + 1:s, q:q + s * (wo - 1) + 1:s] * w[:, 0, r, q].view(1, c, 1, 1)
+            for r in range(3) for q in range(3))
+    return y if b is None else y + b.view(1, c, 1, 1)
+
+
 def draw_dw_conv3x3_tokens(rng):
     return dict(n=_batch(rng), h=rng.randint(1, 20), w=rng.randint(1, 20), c=_dims(rng, hi=96),
                 strides=rng.choice([[1], [2], [1, 2, 2], [2, 1], [1, 1, 2]]), lead=rng.choice([0, 0, 1, 2]),
@@ -74,7 +88,7 @@ def run_dw_conv3x3_tokens(c, device):
     for j, (y, s) in enumerate(zip(ys, strides)):
         def conv(xx, ww, bb):
             m = xx.reshape(n, h, w, ch).permute(0, 3, 1, 2)
-            return F.conv2d(m, ww, bb, s, 1, 1, ch).flatten(2).transpose(1, 2)
+            return _dw3x3(m, ww, bb, s).flatten(2).transpose(1, 2)
         bj = None if b is None else b[j]
         ref = conv(d64(x), d64(wt[j]), d64(bj))
         own = _own(conv, dtype, "cpu", x.cpu(), wt[j].cpu(), None if bj is None else bj.cpu())
@@ -176,7 +190,7 @@ def _dw_formula(c, norm=None):
         ys = []
         for j, s in enumerate(strides):
             m = x.reshape(n, h, w, ch).permute(0, 3, 1, 2)
-            y = F.conv2d(m, wt[j].to(x.dtype), None if b is None else b[j].to(x.dtype), s, 1, 1, ch)
+            y = _dw3x3(m, wt[j].to(x.dtype), None if b is None else b[j].to(x.dtype), s)
             y = y.flatten(2).transpose(1, 2)
             ys.append(y if ld is None else torch.cat([ld, y], 1))
         return ys
