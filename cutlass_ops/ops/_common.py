@@ -101,6 +101,19 @@ def _dtype_reason(t: torch.Tensor) -> Optional[str]:
     return f"{str(t.dtype).replace('torch.', '')} input (the kernel takes float16/bfloat16)"
 
 
+def _sm70_half_reason(t: torch.Tensor, needs: str) -> Optional[str]:
+    """The reason kernels of float16/bfloat16 that run on sm70 and newer (bfloat16 from sm80) do
+    not run t, or None; `needs` starts the capability reason ("the kernel needs")."""
+    why = _dtype_reason(t)
+    if why is not None:
+        return why
+    if t.dtype == torch.bfloat16 and _capability(t) < 80:
+        return "bfloat16 needs sm80 or newer"
+    if _capability(t) < 70:
+        return f"{needs} sm70 or newer"
+    return None
+
+
 def _gemm_why_not(x: torch.Tensor, weight: torch.Tensor):
     """Why a (..., K) x (N, K)^T GEMM kernel of linear_residual / linear_silu does not run (the
     conditions both share: kernels/linear_residual/linear_residual_cuda.cpp,

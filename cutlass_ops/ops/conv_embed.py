@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .. import paths
-from ._common import _INT32_MAX, _capability, _check_devices, _dtype_reason, _pair, _report
+from ._common import _INT32_MAX, _check_devices, _sm70_half_reason, _pair, _report
 
 
 def _conv_embed_why_not(input: torch.Tensor, weight: torch.Tensor, stride, padding):
@@ -19,13 +19,9 @@ def _conv_embed_why_not(input: torch.Tensor, weight: torch.Tensor, stride, paddi
     k, _, r, s = weight.shape
     p = (h + 2 * padding[0] - r) // stride[0] + 1
     q = (w + 2 * padding[1] - s) // stride[1] + 1
-    why = _dtype_reason(input)
+    why = _sm70_half_reason(input, "the kernel needs")
     if why is not None:
         return why
-    if input.dtype == torch.bfloat16 and _capability(input) < 80:
-        return "bfloat16 needs sm80 or newer"
-    if _capability(input) < 70:
-        return "the kernel needs sm70 or newer"
     if s > 8:
         return f"the kernel is {s} wide (at most 8)"
     if c * r * 8 > 256:

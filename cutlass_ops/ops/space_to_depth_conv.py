@@ -10,8 +10,8 @@ from typing import Optional
 import torch
 
 from .. import paths
-from ._common import (_INT32_MAX, Scalar, _accumulate_dtype, _aligned16, _as_tensor, _capability, _check_devices,
-                      _conv_dtype, _dtype_reason, _grad_as, _meta, _report)
+from ._common import (_INT32_MAX, Scalar, _accumulate_dtype, _aligned16, _as_tensor, _check_devices,
+                      _conv_dtype, _sm70_half_reason, _grad_as, _meta, _report)
 from .relu_backward import _epilogue_backward
 
 
@@ -47,13 +47,9 @@ def _s2d_why_not(input: torch.Tensor, k: int):
     n, c, h, w = input.shape
     if input.numel() == 0 or k == 0:
         return paths.EMPTY
-    why = _dtype_reason(input)
+    why = _sm70_half_reason(input, "the kernels need")
     if why is not None:
         return why
-    if input.dtype == torch.bfloat16 and _capability(input) < 80:
-        return "bfloat16 needs sm80 or newer"
-    if _capability(input) < 70:
-        return "the kernels need sm70 or newer"
     if c > 16:
         return f"C = {c} is over 16"
     if k not in (32, 64, 128):
