@@ -452,7 +452,56 @@ def train(args, rank, world, device) -> dict:
         batches = [load(args.steps + i) for i in range(min(args.throughput_steps, 4))]
         result.update(measure_throughput(lambda d: (fwd_bwd_step(d), optimizer_step()), batches,
                                          args.throughput_steps, n * world, cuda, device))
+    if args.profile_steps and cuda:
+        if timer is not None:
+            timer.active = False
+        batches = [load(args.steps + i) for i in range(min(args.profile_steps, 4))]
+        result["gpu_timeline"] = gpu_timeline(lambda d: (fwd_bwd_step(d), optimizer_step()), batches,
+                                              args.profile_steps)
     return result
+
+
+def union_ms(intervals) -> float:
+    """Total length of the union of (start, end) intervals, in ms (intervals in us)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total / 1e3
+
+
+def gpu_timeline(step, batches, steps) -> dict:
+    """Where a step's GPU time goes, from the profiler's kernel records (CUPTI sees the kernels
+    inside CUDA graphs): `steps` steps back to back after a barrier, then per step: the span from
+    the first kernel's start to the last one's end, compute (the union of all non-NCCL kernels,
+    copies and sets), NCCL (the union of NCCL kernels: it includes waiting for the other ranks),
+    NCCL exposed (NCCL time with no compute beside it) and idle (no kernel at all: the host's
+    gaps, e.g. GradScaler's found-inf read).  Every rank's; the comparison of 1 and 2 GPUs says
+    whether the lost scaling is the all-reduce, a wait, or the host."""
+    from torch.profiler import ProfilerActivity, profile
+    dist.barrier()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        torch.cuda.synchronize()
+    comm, other = [], []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start:
+            continue
+        (comm if "nccl" in e.name.lower() else other).append((e.time_range.start, e.time_range.end))
+    everything = comm + other
+    mine = {"steps": steps, "kernels": len(everything), "nccl_kernels": len(comm)}
+    if everything:
+        span = (max(b for _, b in everything) - min(a for a, _ in everything)) / 1e3
+        busy, compute, nccl = union_ms(everything), union_ms(other), union_ms(comm)
+        mine.update(span_ms=span / steps, compute_ms=compute / steps, nccl_ms=nccl / steps,
+                    nccl_exposed_ms=(busy - compute) / steps, idle_ms=(span - busy) / steps)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    return {"per_rank": ranks}
 
 
 def measure_throughput(step, batches, steps, global_batch, cuda, device) -> dict:
@@ -565,6 +614,9 @@ def parse_args(argv=None):
     p.add_argument("--throughput-steps", type=int, default=None, metavar="K",
                    help="after the logged steps, time K more back to back (barrier first, data made "
                         "beforehand; the slowest rank's time): the throughput metric (default 30 on CUDA, 0 on the CPU)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="K",
+                   help="CUDA: profile K more steps back to back and split each step's GPU time into compute, "
+                        "NCCL (exposed or beside compute) and idle, per rank")
     p.add_argument("--measure-allreduce", type=int, default=0, metavar="REPS",
                    help="also time REPS fwd+bwd with gradient sync and REPS without (ddp.no_sync()), alternating")
     p.add_argument("--ignore-param", action="append", default=[], metavar="NAME",
@@ -687,6 +739,13 @@ def summarize(args, result) -> None:
     if "throughput_step_ms" in result:
         print(f"throughput: {result['throughput_steps']} steps back to back, {result['throughput_step_ms']:.3f} ms "
               f"a step ({result['throughput_samples_per_s']:.0f} samples/s global)")
+    for rank, t in enumerate(result.get("gpu_timeline", {}).get("per_rank", [])):
+        if "span_ms" not in t:
+            print(f"GPU timeline rank {rank}: the profiler saw no kernels")
+            continue
+        print(f"GPU timeline rank {rank} (ms a step, {t['steps']} steps profiled): span {t['span_ms']:.3f} = "
+              f"compute {t['compute_ms']:.3f} + NCCL exposed {t['nccl_exposed_ms']:.3f} + idle {t['idle_ms']:.3f}; "
+              f"NCCL {t['nccl_ms']:.3f} in all ({t['nccl_kernels'] / t['steps']:.0f} kernels a step)")
     if "allreduce_exposed_ms_median" in result:
         print(f"all-reduce: {result['buckets_per_step']} bucket(s) per step "
               f"({', '.join(f'{b / 2**20:.1f}' for b in result['bucket_bytes'])} MiB); medians: "

@@ -45,6 +45,9 @@ def main(folder: str) -> int:
                     "buckets_per_step"):
             if key in two:
                 row[key] = two[key]
+        for gpus, run in (("2gpu", two), ("1gpu", one)):
+            if run and "gpu_timeline" in run:  # ms a step per rank: span = compute + NCCL exposed + idle
+                row[f"gpu_timeline_{gpus}"] = run["gpu_timeline"]["per_rank"]
         if "allreduce_added" in two:
             row["allreduce_added_ms"] = two["allreduce_added"]["added_ms"]
         same = runs.get(stem + "_1gpu_samebatch")

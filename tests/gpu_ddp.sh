@@ -6,6 +6,7 @@
 # Results: $OUT (default gpu_results/ddp): one JSON per run, summary.json, loss_curves_1_vs_2_gpus.png,
 # and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 7 minutes
 # on two H200s (each run starts its processes anew: ~15 s); COMPILE=1 adds torch.compile's runs.
+# RUN_TIMEOUT (default 300 s) stops a run that hangs.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its relatives, below, unless already set).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +21,9 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=
 run() {  # run NAME NPROC ARGS...
   local name=$1 nproc=$2; shift 2
   echo "== $name: $nproc process(es): $*"
-  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$nproc" examples/ddp_ppo.py "$@" \
+  timeout "${RUN_TIMEOUT:-300}" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$nproc" examples/ddp_ppo.py "$@" \
     --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-  echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|throughput:|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
+  echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|throughput:|GPU timeline|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
 }
 "$PYTHON" -P -m cutlass_ops info > "$OUT/info.json" 2>&1
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
@@ -46,10 +47,13 @@ run check_fp16_bucketview 2 --check-grads --dtype float16 --batch 256 --grad-as-
 run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
 # 2. throughput at N per GPU (1 GPU at N: the baseline): FusedResNet in its CUDA graph at N and N/4,
 # eager at N with the all-reduce timed (overlap, exposed time, and what it adds), and with 4 MiB buckets
+# (--profile-steps: each step's GPU time split into compute, NCCL exposed and idle, per rank)
 for n in "$N" $((N / 4)); do
-  run "fused_graph_n${n}_2gpu" 2 --batch "$n" --steps "$STEPS" --graph --static-graph
-  run "fused_graph_n${n}_1gpu" 1 --batch "$n" --steps "$STEPS" --graph --static-graph --no-ddp
+  run "fused_graph_n${n}_2gpu" 2 --batch "$n" --steps "$STEPS" --graph --static-graph --profile-steps 5
+  run "fused_graph_n${n}_1gpu" 1 --batch "$n" --steps "$STEPS" --graph --static-graph --no-ddp --profile-steps 5
 done
+run "fused_graph_bucket4mb_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph --bucket-cap-mb 4 \
+  --profile-steps 5
 run "fused_eager_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --measure-allreduce 5
 run "fused_eager_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --no-ddp
 run "fused_eager_bucket4mb_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --bucket-cap-mb 4 --measure-allreduce 5

@@ -222,10 +222,25 @@ def test_nccl_graph_capture_trains_like_eager(tmp_path):
     """The whole fwd+bwd+all-reduce captured in one CUDA graph: the loss curve matches eager's."""
     common = ["--dtype", "float32", "--batch", 128, "--steps", 6, "--warmup", 1]
     rc_e, eager, text_e = torchrun(2, *common, tmp_path=tmp_path, name="eager")
-    rc_g, graph, text_g = torchrun(2, *common, "--graph", tmp_path=tmp_path, name="graph")
+    rc_g, graph, text_g = torchrun(2, *common, "--graph", "--profile-steps", 2, tmp_path=tmp_path, name="graph")
     assert rc_e == 0 and rc_g == 0, (text_e[-2000:], text_g[-2000:])
     for a, b in zip(graph["losses"], eager["losses"]):
         assert abs(a - b) <= 1e-3 * abs(b) + 1e-5, (graph["losses"], eager["losses"])
+    # the profiler sees the kernels inside the graph, the all-reduce's among them, on both ranks
+    for t in graph["gpu_timeline"]["per_rank"]:
+        assert t["kernels"] > t["nccl_kernels"] > 0, t
+        assert abs(t["span_ms"] - (t["compute_ms"] + t["nccl_exposed_ms"] + t["idle_ms"])) < 1e-6, t
+
+
+def test_gpu_timeline_sums_the_union_of_intervals():
+    """The profiler breakdown's interval union (us in, ms out): overlaps count once."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddp_ppo_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.union_ms([]) == 0.0
+    assert example.union_ms([(0, 1000), (500, 1500), (2000, 2500)]) == 2.0
+    assert example.union_ms([(1000, 2000), (0, 3000), (2500, 2600)]) == 3.0
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a GPU (and a CUDA build)")
