@@ -162,14 +162,17 @@ def fallback(op: str, reason: str, inputs: str = "") -> None:
     FallbackError in strict mode, else warns once per distinct (op, reason) per process."""
     key = (op, reason)
     record(op, "fallback: " + reason)
+    strict = is_strict()
     with _lock:
         _counts[key] = _counts.get(key, 0) + 1
-        first = key not in _warned
-        _warned.add(key)
+        # A strict-mode error is not the warning: the first non-strict fallback still warns.
+        first = not strict and key not in _warned
+        if first:
+            _warned.add(key)
     message = f"cutlass_ops.{op}: {reason}; ran the ATen composite instead of the kernel"
     if inputs:
         message += f" (input: {inputs})"
-    if is_strict():
+    if strict:
         raise FallbackError(message + " [strict mode: CUTLASS_OPS_STRICT or cutlass_ops.strict()]")
     if first:
         warnings.warn(message + " (warned once per op and reason; cutlass_ops.fallback_counts() counts them)",

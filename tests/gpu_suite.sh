@@ -5,6 +5,9 @@
 # GPU share a GPU well because most tests are small.
 #   bash tests/gpu_suite.sh                      # every test, 4 workers per GPU
 #   WORKERS=8 BUILD_DIR=build bash tests/gpu_suite.sh tests/python/test_fuzz.py
+#   SHARD=1/2 bash tests/gpu_suite.sh; SHARD=2/2 bash tests/gpu_suite.sh   # in two sittings
+# (20 workers on two H200s ran 57% of the suite's ~6,700 tests in 10 minutes: a 10-minute
+# sitting takes a shard of 1/2 or smaller.)
 # Needs cutlass_ops installed for this GPU and pytest-xdist.  Fails loudly where the library has
 # no CUDA kernels (every GPU test would skip), prints the counts and every distinct skip reason,
 # and exits non-zero on a failure or on a GPU test skipped for want of a GPU.
@@ -27,10 +30,12 @@ print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count()
 [ $# -gt 0 ] || set -- "$REPO/tests/python"
 start=$(date +%s)
 # -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures
-(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load "$@") \
+SHARD_ARGS=(); [ -n "${SHARD:-}" ] && SHARD_ARGS=(--shard "$SHARD")
+(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load \
+  "${SHARD_ARGS[@]}" "$@") \
   > "$OUT/gpu_suite.log" 2>&1
 rc=$?
-echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers"
+echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers${SHARD:+, shard $SHARD}"
 grep -oE "(^|\] )(FAILED|ERROR) [^ ]+" "$OUT/gpu_suite.log" | sed 's/^\] //' | sort -u | head -40
 echo "outcomes: $(grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) " "$OUT/gpu_suite.log" | sort | uniq -c | tr -s ' \n' ' ')"
 echo "skip reasons (count, reason):"

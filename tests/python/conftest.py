@@ -15,6 +15,9 @@ last one, whatever the order or selection of tests (_seeds.py holds the function
   does to the global generators reaches a later test.
 - A failing test's report carries a ``seed`` section: the seed, the test id, the global seed.
 
+``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
+decides), for GPU suites split over several sittings (tests/gpu_suite.sh's SHARD).
+
 Fresh seeds, to hunt for seed-dependent failures (opt-in):
 
 - ``--fresh-seeds`` (pytest option) or ``CUTLASS_OPS_TEST_SEED=fresh`` (environment): the run
@@ -31,6 +34,7 @@ CUTLASS_OPS_FUZZ_SEED names one.
 """
 import os
 import sys
+import zlib
 from pathlib import Path
 
 # Under pytest-xdist with CUTLASS_OPS_TEST_GPUS="0,1,..." (tests/gpu_suite.sh), worker k runs
@@ -58,6 +62,36 @@ def pytest_addoption(parser):
     parser.addoption("--fresh-seeds", action="store_true", default=False,
                      help=f"mix a freshly drawn number into every test's seed (printed; "
                           f"{SEED_ENV}=<it> reruns the same seeds); also {SEED_ENV}=fresh")
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N disjoint parts of the selected tests (by a hash of each test id: "
+                          "the parts are stable and every file is spread over them); e.g. a GPU suite too long "
+                          "for one sitting as --shard 1/2 and --shard 2/2")
+
+
+def _shard(config) -> tuple[int, int] | None:
+    text = config.getoption("--shard", default=None)
+    if text is None:
+        return None
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard {text!r}: expected K/N, e.g. 1/2") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard {text!r}: K must be in 1..N")
+    return k, n
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = _shard(config)
+    if shard is None:
+        return
+    k, n = shard
+    keep, drop = [], []
+    for item in items:
+        (keep if zlib.crc32(node_id(item).encode()) % n == k - 1 else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _mix(config) -> int | None:
@@ -77,6 +111,7 @@ def item_seed(item) -> int:
 def pytest_configure(config):
     _mix_state.clear()
     _mix(config)  # a bad CUTLASS_OPS_TEST_SEED is a usage error before any test runs
+    _shard(config)  # likewise a bad --shard
 
 
 def pytest_report_header(config):

@@ -93,6 +93,16 @@ def test_strict_raises_naming_op_reason_and_input():
     assert paths.last_path("op_s").startswith("fallback: float32 input")
 
 
+def test_a_strict_error_does_not_use_up_the_warning():
+    """The first fallback outside strict mode warns, even after the same (op, reason) raised in
+    strict mode (the error is not the warning)."""
+    with paths.strict(), pytest.raises(cutlass_ops.FallbackError):
+        paths.fallback("op_sw", "a reason")
+    with pytest.warns(UserWarning, match="cutlass_ops.op_sw: a reason"):
+        paths.fallback("op_sw", "a reason")
+    assert paths.fallback_counts() == {("op_sw", "a reason"): 2}
+
+
 def test_strict_nests_and_restores():
     assert not paths.is_strict()
     with paths.strict():

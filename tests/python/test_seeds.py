@@ -125,3 +125,22 @@ def test_same_draws_in_another_process_whatever_ran_before():
     failed = f"{THIS}::test_probe_fails"
     assert f"seed {node_seed(failed)} (test id {failed})" in out_after, out_after[-3000:]
 
+
+
+def _collected(*args) -> tuple[set[str], subprocess.CompletedProcess]:
+    out = subprocess.run([sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "--collect-only",
+                          THIS, *args], cwd=ROOT, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode in (0, 4), out.stdout[-3000:]  # 4: the usage error below
+    return {line for line in out.stdout.splitlines() if line.startswith(THIS + "::")}, out
+
+
+def test_shards_are_disjoint_and_cover_the_selection():
+    everything, _ = _collected()
+    parts = [_collected("--shard", f"{k}/3")[0] for k in (1, 2, 3)]
+    assert len(everything) > 5
+    assert set().union(*parts) == everything
+    assert sum(len(p) for p in parts) == len(everything)
+    assert all(parts)  # each part holds some of them
+    _, bad = _collected("--shard", "4/3")
+    assert bad.returncode == 4 and "K must be in 1..N" in bad.stdout, bad.stdout[-2000:]
