@@ -220,8 +220,15 @@ def setup(args):
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     if "MASTER_ADDR" not in os.environ:  # a plain `python examples/ddp_ppo.py`: one process
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port or 29517))
+    options = None
+    if backend == "nccl" and args.nccl_max_ctas:
+        # NCCL's kernels take an SM per channel; beside the backward's convs (buckets smaller
+        # than the gradients) fewer of them may cost the convs less than they cost the all-reduce.
+        options = dist.ProcessGroupNCCL.Options()
+        options.config.max_ctas = args.nccl_max_ctas
+        options.config.min_ctas = 1
     dist.init_process_group(backend, rank=rank, world_size=world,
-                            device_id=device if backend == "nccl" else None)
+                            device_id=device if backend == "nccl" else None, pg_options=options)
     return rank, world, device, backend, shared
 
 
@@ -603,6 +610,9 @@ def parse_args(argv=None):
     p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
     p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP(gradient_as_bucket_view=True)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size")
+    p.add_argument("--nccl-max-ctas", type=int, default=None, metavar="K",
+                   help="NCCL: at most K CTAs (channels, one SM each) per collective (ncclConfig_t.maxCTAs; "
+                        "default: NCCL's choice)")
     p.add_argument("--no-ddp", action="store_true", help="no DDP wrapper (the 1-process baseline; world size 1)")
     p.add_argument("--check-grads", action="store_true",
                    help="compare one DDP step's gradients with a single process on the concatenated batch "

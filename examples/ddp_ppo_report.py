@@ -11,6 +11,7 @@ fused_eager_1gpu (N per GPU: the throughput baseline) and fused_eager_1gpu_sameb
 one GPU: the loss-curve baseline).
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,9 +25,13 @@ def main(folder: str) -> int:
         if not name.endswith("_2gpu"):
             continue
         stem = name[: -len("_2gpu")]
-        one = runs.get(stem + "_1gpu")
+        # the 1-GPU baseline: the same run's, else the same model, mode and N without the DDP-only
+        # settings in the name (bucket size, NCCL CTAs)
+        base = stem + "_1gpu" if stem + "_1gpu" in runs else re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+", "", stem) + "_1gpu"
+        one = runs.get(base)
         row = {"run": stem, "step_ms_2gpu": two["median_step_ms"], "samples_per_s_2gpu": two["samples_per_s"]}
         if one:
+            row["baseline_1gpu"] = base
             row.update(step_ms_1gpu=one["median_step_ms"], samples_per_s_1gpu=one["samples_per_s"],
                        speedup_per_step_median=two["samples_per_s"] / one["samples_per_s"])
         # the throughput metric (steps back to back after a barrier), where both runs have it

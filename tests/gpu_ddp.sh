@@ -4,7 +4,7 @@
 #   2 GPUs:  bash tests/gpu_ddp.sh            (gradients, throughput 1 vs 2 GPUs, loss curves)
 #   1 GPU:   ONE_GPU=1 bash tests/gpu_ddp.sh  (two processes sharing the GPU through gloo)
 # Results: $OUT (default gpu_results/ddp): one JSON per run, summary.json, loss_curves_1_vs_2_gpus.png,
-# and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 7 minutes
+# and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 8 minutes
 # on two H200s (each run starts its processes anew: ~15 s); COMPILE=1 adds torch.compile's runs.
 # RUN_TIMEOUT (default 300 s) stops a run that hangs.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its relatives, below, unless already set).
@@ -52,8 +52,13 @@ for n in "$N" $((N / 4)); do
   run "fused_graph_n${n}_2gpu" 2 --batch "$n" --steps "$STEPS" --graph --static-graph --profile-steps 5
   run "fused_graph_n${n}_1gpu" 1 --batch "$n" --steps "$STEPS" --graph --static-graph --no-ddp --profile-steps 5
 done
-run "fused_graph_bucket4mb_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph --bucket-cap-mb 4 \
-  --profile-steps 5
+# buckets small enough to overlap the backward inside the graph, and fewer NCCL CTAs beside the
+# convs: BUCKETS (MiB) x CTAS ("-": NCCL's choice)
+for b in ${BUCKETS:-2 4 8}; do for c in ${CTAS:-- 4}; do
+  ctas=(); tag=""; [ "$c" = - ] || { ctas=(--nccl-max-ctas "$c"); tag="_ctas$c"; }
+  run "fused_graph_bucket${b}mb${tag}_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph \
+    --bucket-cap-mb "$b" "${ctas[@]}" --profile-steps 5
+done; done
 run "fused_eager_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --measure-allreduce 5
 run "fused_eager_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --no-ddp
 run "fused_eager_bucket4mb_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --bucket-cap-mb 4 --measure-allreduce 5

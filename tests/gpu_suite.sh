@@ -21,6 +21,10 @@ G=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
 [ "$G" -ge 1 ] || { echo "gpu_suite: no GPU (nvidia-smi -L lists none)"; exit 1; }
 WORKERS=${WORKERS:-$((4 * G))}
 export CUTLASS_OPS_TEST_GPUS=${CUTLASS_OPS_TEST_GPUS:-$(seq -s, 0 $((G - 1)))}
+# CPU threads per worker: the machine's cores shared out (torch's default, every core in every
+# worker, oversubscribes the cores many times over in the tests' CPU references)
+THREADS=$(( $(nproc) / WORKERS )); [ "$THREADS" -ge 1 ] || THREADS=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$THREADS}
 (cd /tmp && "$PYTHON" -P -c '
 import torch, cutlass_ops
 assert torch.cuda.is_available(), "torch sees no GPU"
@@ -35,7 +39,7 @@ SHARD_ARGS=(); [ -n "${SHARD:-}" ] && SHARD_ARGS=(--shard "$SHARD")
   "${SHARD_ARGS[@]}" "$@") \
   > "$OUT/gpu_suite.log" 2>&1
 rc=$?
-echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers${SHARD:+, shard $SHARD}"
+echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers of $OMP_NUM_THREADS threads${SHARD:+, shard $SHARD}"
 grep -oE "(^|\] )(FAILED|ERROR) [^ ]+" "$OUT/gpu_suite.log" | sed 's/^\] //' | sort -u | head -40
 echo "outcomes: $(grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) " "$OUT/gpu_suite.log" | sort | uniq -c | tr -s ' \n' ' ')"
 echo "skip reasons (count, reason):"
