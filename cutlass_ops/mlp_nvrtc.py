@@ -92,6 +92,14 @@ class Nvrtc:
     def __init__(self, library: str, includes: list[str]):
         self.library, self.includes = library, list(includes)
         lib = self.lib = ctypes.CDLL(library)
+        # libnvrtc opens libnvrtc-builtins by name at its first compile, which the loader finds
+        # beside it only where something (torch, LD_LIBRARY_PATH) put that folder in reach
+        major = library.rsplit(".so.", 1)[-1].split(".")[0] if ".so." in library else ""
+        if os.path.isabs(library):
+            for builtins in sorted(glob.glob(os.path.join(os.path.dirname(library),
+                                                          f"libnvrtc-builtins.so.{major}*"))):
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                break
         lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         lib.nvrtcGetErrorString.argtypes = [ctypes.c_int]
         major, minor = ctypes.c_int(), ctypes.c_int()
