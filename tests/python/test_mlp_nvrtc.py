@@ -170,6 +170,122 @@ def test_param_structs_mirror_the_kernels():
         assert struct.M.offset == 8 * n and ctypes.sizeof(struct) == 8 * (n + 1)
 
 
+class FakeDriver:
+    """libcuda's calls that mlp_nvrtc.Module makes, recorded (no GPU): a device of ``sms``
+    multiprocessors on which ``per_sm`` CTAs of any kernel fit."""
+
+    def __init__(self, sms, per_sm):
+        self.sms, self.per_sm, self.current, self.ctx_sets = sms, per_sm, None, 0
+        self.names, self.attrs, self.launches = {}, {}, []
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGet(self, dev, ordinal):
+        dev._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ctx, dev):
+        ctx._obj.value = 0x1000 + dev.value
+        return 0
+
+    def cuCtxGetCurrent(self, ctx):
+        ctx._obj.value = self.current
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):
+        self.current, self.ctx_sets = ctx.value, self.ctx_sets + 1
+        return 0
+
+    def cuDeviceGetAttribute(self, out, attr, dev):
+        assert attr == 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        out._obj.value = self.sms
+        return 0
+
+    def cuModuleLoadData(self, module, image):
+        assert image[:4] == b"\x7fELF"
+        module._obj.value = 0x2000
+        return 0
+
+    def cuModuleGetFunction(self, f, module, name):
+        f._obj.value = 0x3000 + len(self.names)
+        self.names[f._obj.value] = name.decode()
+        return 0
+
+    def cuFuncSetAttribute(self, f, attr, value):
+        assert attr == 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self.attrs[self.names[f.value]] = value
+        return 0
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, n, f, threads, smem):
+        n._obj.value = self.per_sm
+        return 0
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, args, extra):
+        name = self.names[f.value]
+        struct = self.structs["BwdDw" if "bwd_dw" in name else "Bwd" if "bwd" in name else "Fwd"]
+        # the parameters are copied at the launch, as the driver does
+        params = struct.from_buffer_copy(ctypes.string_at(args[0], ctypes.sizeof(struct)))
+        self.launches.append((name, gx, bx, smem, stream, params))
+        return 0
+
+
+@pytest.mark.parametrize("shape", ["resident", "streamed"])
+def test_driver_launches(built, monkeypatch, shape):
+    """mlp_nvrtc.Module against a recording stand-in for libcuda: each launch goes to the right
+    kernel with mlp_emit's grid (grid_size, dw_grid), block, shared memory and stream, with the
+    parameter struct filled as its PARAMS helpers fill it; none for M = 0; the device's
+    primary context made current only where it is not."""
+    b = built[0]["90a"]
+    lowered = json.loads((b.dir / "kernels.json").read_text())
+    cfg = b.config if shape == "resident" else dataclasses.replace(b.config, resident_warps=0)
+    drv = FakeDriver(sms=132, per_sm=2)
+    monkeypatch.setattr(mlp_nvrtc, "_driver", lambda: drv)
+    L = 3
+    module = mlp_nvrtc.Module(b.dir, cfg, 0, L)
+    drv.structs = module.structs
+    assert drv.ctx_sets == 1 and set(drv.names.values()) == set(lowered.values())
+    assert drv.attrs == {lowered[mlp_nvrtc.KERNELS["fwd"]]: cfg.smem_fwd, lowered[mlp_nvrtc.KERNELS["fwd_save"]]: cfg.smem_fwd,
+                         lowered[mlp_nvrtc.KERNELS["bwd"]]: cfg.smem_bwd, lowered[mlp_nvrtc.KERNELS["bwd_dw"]]: cfg.smem_dw}
+    threads = cfg.resident_warps * 32 if cfg.resident_warps else 128
+
+    def grid(M):
+        tiles = -(-M // cfg.bm)
+        return min(-(-tiles // cfg.resident_warps), 132 * 2) if cfg.resident_warps else tiles
+
+    w, bias, z, a = [11, 12, 13], [21, 0, 23], [31, 0, 33], [41, 42, 0]
+    for M in (1, 1000, 10 ** 7):
+        module.fwd(0x100, 0x200, w, bias, z, a, M, False, 77)
+        name, g, t, smem, stream, p = drv.launches[-1]
+        assert (name, g, t, smem, stream) == (lowered["fmlp_model::fwd_kernel<false>"], grid(M), threads, cfg.smem_fwd, 77)
+        assert (p.x, p.y, list(p.w), list(p.b), list(p.z), list(p.a), p.M) == (
+            0x100, 0x200, w, [21, None, 23], [None] * L, [None] * L, M)
+        module.fwd(0x100, 0x200, w, bias, z, a, M, True, 0)
+        name, g, t, smem, stream, p = drv.launches[-1]
+        assert (name, g, stream) == (lowered["fmlp_model::fwd_kernel<true>"], grid(M), None)
+        assert (list(p.z), list(p.a)) == ([31, None, 33], [41, 42, None])
+        module.bwd(0x300, 0, z, w, [51, 52, 53], [61, 0, 63], M, 77)
+        name, g, t, smem, stream, p = drv.launches[-1]
+        assert (name, g, t, smem) == (lowered["fmlp_model::bwd_kernel"], grid(M), threads, cfg.smem_bwd)
+        assert (p.dy, p.dx, list(p.z), list(p.w), list(p.dz), list(p.db), p.M) == (
+            0x300, None, [31, None, 33], w, [51, 52, 53], [61, None, 63], M)
+        ctas = min(-(-M // (cfg.dw_warps * cfg.bm)), 132 * 2)
+        assert module.bwd_dw_ctas(M) == ctas
+        module.bwd_dw(0x300, 0x400, 0x500, z, a, w, [71, 72, 73], [61, 0, 63], M, 77)
+        name, g, t, smem, stream, p = drv.launches[-1]
+        assert (name, g, t, smem) == (lowered["fmlp_model::bwd_dw_kernel"], ctas, cfg.dw_warps * 32, cfg.smem_dw)
+        assert (p.dy, p.dx, p.x, list(p.a), list(p.dw), p.M) == (0x300, 0x400, 0x500, [41, 42, None], [71, 72, 73], M)
+    n = len(drv.launches)
+    module.fwd(0x100, 0x200, w, bias, z, a, 0, True, 77)
+    module.bwd(0x300, 0, z, w, z, bias, 0, 77)
+    module.bwd_dw(0x300, 0, 0x500, z, a, w, z, bias, 0, 77)
+    assert len(drv.launches) == n and module.bwd_dw_ctas(0) == 0
+    assert drv.ctx_sets == 1  # the context stayed current
+    drv.current = 0xdead  # another context current on this thread (another device's)
+    module.fwd(0x100, 0x200, w, bias, z, a, 5, False, 77)
+    assert drv.ctx_sets == 2 and drv.current == module.ctx.value
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU (sm_80+): the NVRTC kernel against the nvcc kernel of the same source
 # ---------------------------------------------------------------------------------------------
