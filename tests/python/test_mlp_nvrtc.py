@@ -8,6 +8,7 @@ skip where libnvrtc is not found.  GPU tests (sm_80+): the NVRTC kernel of a ran
 against the nvcc kernel of the same source (forward, backward, CUDA graph), and the cache in a
 second process.
 """
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -291,6 +292,58 @@ def test_driver_launches(built, monkeypatch, shape):
     drv.current = 0xdead  # another context current on this thread (another device's)
     module.fwd(0x100, 0x200, w, bias, z, a, 5, False, 77)
     assert drv.ctx_sets == 2 and drv.current == module.ctx.value
+
+
+def test_kernel_glue_with_fake_driver(built, monkeypatch, tmp_path):
+    """mlp_jit's launches (launch_forward, launch_backward with fused dW) through a Kernel
+    backed by the NVRTC build, on CPU tensors against the recording stand-in for libcuda (torch's
+    device queries stand in for an sm_80 GPU): the kernel loads from the cache, kernel_info says
+    nvrtc, and each parameter struct holds the tensors' addresses."""
+    import types
+    from cutlass_ops import mlp_jit
+    from cutlass_ops_gen.mlp_emit import partial_layout
+    b, options = built[0]["80"], built[1]
+    _hide_nvcc(monkeypatch, tmp_path)
+    drv = FakeDriver(sms=108, per_sm=1)
+    monkeypatch.setattr(mlp_nvrtc, "_driver", lambda: drv)
+    monkeypatch.setattr(mlp_jit, "_KERNELS", {})
+    monkeypatch.setattr(mlp_jit, "_CONFIGS", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i=None: types.SimpleNamespace(shared_memory_per_block_optin=SMEM_LIMIT["80"]))
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: types.SimpleNamespace(cuda_stream=77))
+    model = _model().half()
+    spec = trace_mlp(model, None)
+    key = mlp_jit.register_spec(spec, options)
+    lins = [m for m in model if isinstance(m, nn.Linear)]
+    weights = [m.weight.detach() for m in lins]
+    biases = [None if m.bias is None else m.bias.detach() for m in lins]
+    M = 1000
+    x = torch.zeros(M, spec.in_features, dtype=torch.half)
+    kern = mlp_jit.kernel(key, torch.half, x.device, forward=True)
+    drv.structs = kern.launcher.structs
+    info = mlp_jit.kernel_info(key)[0]
+    assert (info["compiler"], info["cache_hit"], info["path"], info["compile_seconds"]) == ("nvrtc", True, str(b.path), None)
+    y, saved = mlp_jit.launch_forward(key, x, weights, biases, save=True)
+    name, grid, threads, smem, stream, p = drv.launches[-1]
+    assert name == json.loads((b.dir / "kernels.json").read_text())["fmlp_model::fwd_kernel<true>"] and stream == 77
+    assert (p.x, p.y, p.M) == (x.data_ptr(), y.data_ptr(), M)
+    assert list(p.w) == [w.data_ptr() for w in weights]
+    assert list(p.b) == [None if t is None else t.data_ptr() for t in biases]
+    L = len(lins)
+    zs, acts = saved[:L], saved[L:]
+    assert list(p.z) == [t.data_ptr() if t.numel() else None for t in zs]
+    assert list(p.a) == [t.data_ptr() for t in acts] + [None]
+    g = torch.zeros_like(y)
+    dx, dzs, db, dw = mlp_jit.launch_backward(key, g, x, weights, saved, need_dx=True, fused_dw=True)
+    name, grid, threads, smem, stream, p = drv.launches[-1]
+    assert "bwd_dw_kernel" in name and grid == min(-(-M // (kern.config.dw_warps * kern.config.bm)), 108)
+    assert (p.dy, p.dx, p.x, p.M) == (g.data_ptr(), dx.data_ptr(), x.data_ptr(), M)
+    db_offsets, _, dw_offsets, dw_stride = partial_layout(spec)
+    assert [q - p.dw[0] for q in p.dw] == [4 * o for o in dw_offsets] and dw.shape == (dw_stride,)
+    assert [q is None for q in p.db] == [o is None for o in db_offsets]
 
 
 # ---------------------------------------------------------------------------------------------
