@@ -112,7 +112,8 @@ class Nvrtc:
                                f"({self.library}){log}")
 
     def options(self, arch: str) -> list[str]:
-        """nvcc_command's device flags: a CUBIN for sm_<arch>, C++17, line info."""
+        """nvcc_command's device flags (a CUBIN for sm_<arch>, C++17, line info, ptxas's report
+        as its -Xptxas -v), without the warning for constants only the host side reads."""
         return ([f"--gpu-architecture=sm_{arch}", "-std=c++17", "-lineinfo", "--ptxas-options=-v",
                  "-diag-suppress=177"] +
                 [f"--include-path={d}" for d in self.includes])

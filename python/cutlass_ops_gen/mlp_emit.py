@@ -29,7 +29,9 @@ and one dtype (float16 or bfloat16):
 - ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``;
   ``fmlp_bwd_dw`` and ``fmlp_bwd_dw_ctas`` with bwd_dw_kernel) that the Python side calls
   through ctypes, with the CUDA stream to launch on.  Under ``FMLP_EMULATE`` the host side drops
-  out and the kernels build with g++ for the CPU emulator (tests/cuda_emulator).
+  out and the kernels build with g++ for the CPU emulator (tests/cuda_emulator);
+  ``emit(..., device_only=True)`` leaves it out for NVRTC, whose caller launches the kernels
+  through the CUDA driver API (cutlass_ops.mlp_nvrtc).
 
 No torch and no CUTLASS headers are needed: the MMA is inline PTX (``mma.sync.m16n8k16``), which
 keeps a model's first-use compile to seconds.  Runs on sm_80 and newer (sm_90 included).
@@ -560,9 +562,10 @@ def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True,
     """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config
     (``resident=False``: streamed weights even where they would fit; ``inplace``: see
     choose_config).  ``device_only``: the same text up to the end of the kernels (closing
-    their namespace) less the host helpers (PARAMS) and the host side, for NVRTC (cutlass_ops.mlp_nvrtc), which launches the
-    kernels ``fmlp_model::fwd_kernel<true>`` etc. itself; the full source (nvcc's, and the one
-    every cache and ahead-of-time key hashes) is unchanged by it."""
+    their namespace) less the host helpers (PARAMS) and the host side, for NVRTC
+    (cutlass_ops.mlp_nvrtc), which launches ``fmlp_model::fwd_kernel<true>`` etc. itself; the
+    full source (nvcc's, and the one every cache and ahead-of-time key hashes) is unchanged by
+    it."""
     if dtype not in CTYPES:
         raise ValueError(f"FusedMLP kernels exist for float16 and bfloat16, not {dtype}")
     cfg = choose_config(spec, smem_limit, resident, inplace)

@@ -2,8 +2,8 @@
 errors, op registration, cache.
 
 CPU tests run everywhere (the ops' CPU path: float32 math with the kernel's rounding points, or
-float64 for float64 inputs).  GPU tests need a CUDA device of sm_80+ and nvcc or NVRTC (the kernel is
-compiled at first use); they skip otherwise.  Errors are relative L2 norms against float64
+float64 for float64 inputs).  GPU tests need a CUDA device of sm_80+ and nvcc or NVRTC (the
+kernel is compiled at first use); they skip otherwise.  Errors are relative L2 norms against float64
 computed from the same (dtype-rounded) weights and input; the issue's targets: fp16 <= 2e-3,
 bf16 <= 1e-2.  A failure message gives the model, dtype, rows, our error and PyTorch's own
 error in the same dtype.

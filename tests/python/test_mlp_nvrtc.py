@@ -253,8 +253,8 @@ def test_driver_launches(built, monkeypatch, shape):
     module = mlp_nvrtc.Module(b.dir, cfg, 0, L)
     drv.structs = module.structs
     assert drv.ctx_sets == 1 and set(drv.names.values()) == set(lowered.values())
-    assert drv.attrs == {lowered[mlp_nvrtc.KERNELS["fwd"]]: cfg.smem_fwd, lowered[mlp_nvrtc.KERNELS["fwd_save"]]: cfg.smem_fwd,
-                         lowered[mlp_nvrtc.KERNELS["bwd"]]: cfg.smem_bwd, lowered[mlp_nvrtc.KERNELS["bwd_dw"]]: cfg.smem_dw}
+    smem = {"fwd": cfg.smem_fwd, "fwd_save": cfg.smem_fwd, "bwd": cfg.smem_bwd, "bwd_dw": cfg.smem_dw}
+    assert drv.attrs == {lowered[mlp_nvrtc.KERNELS[role]]: v for role, v in smem.items()}
     threads = cfg.resident_warps * 32 if cfg.resident_warps else 128
 
     def grid(M):
@@ -265,7 +265,8 @@ def test_driver_launches(built, monkeypatch, shape):
     for M in (1, 1000, 10 ** 7):
         module.fwd(0x100, 0x200, w, bias, z, a, M, False, 77)
         name, g, t, smem, stream, p = drv.launches[-1]
-        assert (name, g, t, smem, stream) == (lowered["fmlp_model::fwd_kernel<false>"], grid(M), threads, cfg.smem_fwd, 77)
+        assert (name, g, t, smem, stream) == (lowered["fmlp_model::fwd_kernel<false>"], grid(M), threads,
+                                              cfg.smem_fwd, 77)
         assert (p.x, p.y, list(p.w), list(p.b), list(p.z), list(p.a), p.M) == (
             0x100, 0x200, w, [21, None, 23], [None] * L, [None] * L, M)
         module.fwd(0x100, 0x200, w, bias, z, a, M, True, 0)
@@ -325,7 +326,8 @@ def test_kernel_glue_with_fake_driver(built, monkeypatch, tmp_path):
     kern = mlp_jit.kernel(key, torch.half, x.device, forward=True)
     drv.structs = kern.launcher.structs
     info = mlp_jit.kernel_info(key)[0]
-    assert (info["compiler"], info["cache_hit"], info["path"], info["compile_seconds"]) == ("nvrtc", True, str(b.path), None)
+    assert (info["compiler"], info["cache_hit"], info["path"], info["compile_seconds"]) == (
+        "nvrtc", True, str(b.path), None)
     y, saved = mlp_jit.launch_forward(key, x, weights, biases, save=True)
     name, grid, threads, smem, stream, p = drv.launches[-1]
     assert name == json.loads((b.dir / "kernels.json").read_text())["fmlp_model::fwd_kernel<true>"] and stream == 77
