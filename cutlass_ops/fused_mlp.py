@@ -6,8 +6,9 @@
 ``from_module`` traces the model (``cutlass_ops_gen.mlp.trace_mlp``: nn.Linear layers of width
 1..256, bias or not, elementwise activations between and after them) and copies its weights.  On
 CUDA (float16 / bfloat16, sm_80 or newer) the first call for a dtype and GPU arch generates the
-model's CUDA source and compiles it with nvcc (or loads it from the cache, or from the kernels
-built with the package: ``mlp_jit``); ``kernel_info()`` reports the compile and load times.
+model's CUDA source and compiles it with nvcc, or with NVRTC where there is no nvcc (or loads
+it from the cache, or from the kernels built with the package: ``mlp_jit``, ``mlp_build``);
+``kernel_info()`` reports the compiler and the compile and load times.
 Models with a layer wider than 128 run as PyTorch's own ops on CUDA by default
 (``KERNEL_MAX_WIDTH``; ``MlpOptions.wide_kernel`` sends them to the kernel).  The ops and their
 autograd: ``torch.ops.cutlass_ops.fused_mlp`` / ``fused_mlp_backward`` (``ops.fused_mlp``).

@@ -1,25 +1,19 @@
-"""FusedMLP's kernels: the registry of traced models by key, nvcc lookup, the disk cache, the
-compiled-kernel object and its launches.
+"""FusedMLP's kernels: the registry of traced models by key, the compiled-kernel object and its
+launches.
 
 A model's CUDA source comes from ``cutlass_ops_gen.mlp_emit`` (the tracer's ``MlpSpec``, the
-dtype, the GPU's shared memory); the first use for a dtype and GPU arch compiles it with nvcc
-into a shared library in the cache (``<cache>/mlp/<hash>``, ``MlpOptions.cache_dir``), keyed by
-a hash of the source (structure, dtype, tile config), the arch and nvcc's version, so that a
-later process loads it from there.  Models listed in the build's manifest
-(CUTLASS_OPS_MLP_MODELS, ``cutlass_ops_gen.mlp_aot``) come compiled with the package
-(``mlp_aot/<key>/fused_mlp.so``) and need no nvcc.  The library is loaded with ctypes and
-launched on torch's current stream (no host syncs, no allocations outside torch's allocator:
-CUDA-graph safe once compiled and loaded).
+dtype, the GPU's shared memory); ``mlp_build`` gets its kernel for the GPU's arch: built with
+the package ahead of time (CUTLASS_OPS_MLP_MODELS), from the disk cache
+(``<cache>/mlp/<hash>``, ``MlpOptions.cache_dir``), or compiled now, by nvcc into a shared
+library, or where there is no nvcc (or ``MlpOptions.compiler`` says so) by NVRTC into a CUBIN
+(``mlp_nvrtc``).  The library is loaded with ctypes, the CUBIN through the CUDA driver API, and
+either is launched on torch's current stream (no host syncs, no allocations outside torch's
+allocator: CUDA-graph safe once compiled and loaded).
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,6 +21,8 @@ from typing import Optional
 
 import torch
 
+from . import mlp_build, mlp_nvrtc
+from .mlp_build import AOT_DIR, aot_library, cache_dir
 from .options import MlpOptions
 
 try:
@@ -38,7 +34,7 @@ except ImportError as exc:  # pragma: no cover
     raise ImportError("cutlass_ops.mlp_jit needs the cutlass_ops_gen package, which the cutlass_ops wheel "
                       "installs; in a source checkout put its python/ folder on PYTHONPATH") from exc
 
-__all__ = ["register_spec", "kernel_info", "cache_dir", "aot_library", "AOT_DIR"]
+__all__ = ["register_spec", "kernel_info", "cache_dir", "aot_library", "AOT_DIR", "Kernel"]
 
 CUDA_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -74,49 +70,59 @@ def _entry(key: str) -> tuple[MlpSpec, MlpOptions]:
 
 
 # ---------------------------------------------------------------------------------------------
-# nvcc and the disk cache
+# The compiled kernel: its build (mlp_build: package, cache, nvcc or NVRTC) loaded, its launches
 # ---------------------------------------------------------------------------------------------
 
-def cache_dir(options: Optional[MlpOptions] = None) -> Path:
-    """Where compiled kernels go: ``<options.cache_dir>/mlp``, else under the XDG cache."""
-    root = (options or MlpOptions()).cache_dir
-    if root:
-        return Path(root) / "mlp"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "cutlass_ops" / "mlp"
+class Library:
+    """An nvcc-built kernel library (the cache's or the package's fused_mlp.so), loaded with
+    ctypes: its extern "C" entry points size the grids and launch."""
 
+    def __init__(self, path: Path, config: "mlp_emit.Config", device_index: int):
+        self.path, self.device_index = path, device_index
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.fmlp_init.argtypes = [ctypes.c_int]
+        self.lib.fmlp_error.restype = ctypes.c_char_p
+        self.lib.fmlp_error.argtypes = [ctypes.c_int]
+        P = ctypes.c_void_p
+        self.lib.fmlp_fwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, ctypes.c_int, P]
+        self.lib.fmlp_bwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, P]
+        if config.dw_warps:  # the fused weight-gradient backward exists for this model
+            self.lib.fmlp_bwd_dw_ctas.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.POINTER(ctypes.c_longlong)]
+            self.lib.fmlp_bwd_dw.argtypes = [ctypes.c_int, P, P, P, P, P, P, P, P, ctypes.c_longlong, P]
+        self.check(self.lib.fmlp_init(device_index), "init")
 
-def _nvcc(options: MlpOptions) -> str:
-    for cand in (options.nvcc, os.environ.get("CUDACXX"), shutil.which("nvcc"),
-                 os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
-        if cand and os.path.isfile(cand):
-            return cand
-    raise RuntimeError("FusedMLP compiles its kernel at first use and needs nvcc: put it on PATH or set "
-                       "CUDACXX / CUTLASS_OPS_NVCC (MlpOptions.nvcc) / CUDA_HOME")
+    def check(self, err: int, what: str) -> None:
+        if err:
+            raise RuntimeError(f"FusedMLP kernel {what} failed: {self.lib.fmlp_error(err).decode()} "
+                               f"(library {self.path})")
 
+    @staticmethod
+    def _arr(ptrs) -> ctypes.Array:
+        return (ctypes.c_void_p * len(ptrs))(*[p or None for p in ptrs])
 
-_NVCC_VERSION: dict[str, str] = {}
+    def fwd(self, x, y, w, b, z, a, M, save, stream) -> None:
+        self.check(self.lib.fmlp_fwd(self.device_index, x, y, self._arr(w), self._arr(b), self._arr(z),
+                                     self._arr(a), M, int(save), stream), "launch (forward)")
 
+    def bwd(self, dy, dx, z, w, dz, db, M, stream) -> None:
+        self.check(self.lib.fmlp_bwd(self.device_index, dy, dx or None, self._arr(z), self._arr(w), self._arr(dz),
+                                     self._arr(db), M, stream), "launch (backward)")
 
-def _nvcc_version(nvcc: str) -> str:
-    if nvcc not in _NVCC_VERSION:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-        _NVCC_VERSION[nvcc] = out.strip().splitlines()[-1]
-    return _NVCC_VERSION[nvcc]
+    def bwd_dw_ctas(self, M) -> int:
+        ctas = ctypes.c_longlong(0)
+        self.check(self.lib.fmlp_bwd_dw_ctas(self.device_index, M, ctypes.byref(ctas)), "grid (backward, fused dW)")
+        return ctas.value
 
-
-AOT_DIR = Path(__file__).resolve().parent / "mlp_aot"
-
-
-def aot_library(source: str, arch: str) -> Optional[Path]:
-    """The kernel library the package was built with for this exact source and arch
-    (cutlass_ops/mlp_aot/<key>/fused_mlp.so, from the build's CUTLASS_OPS_MLP_MODELS), or None."""
-    path = AOT_DIR / mlp_emit.aot_key(source, arch) / "fused_mlp.so"
-    return path if path.is_file() else None
+    def bwd_dw(self, dy, dx, x, z, a, w, dw, db, M, stream) -> None:
+        self.check(self.lib.fmlp_bwd_dw(self.device_index, dy, dx or None, x, self._arr(z), self._arr(a),
+                                        self._arr(w), self._arr(dw), self._arr(db), M, stream),
+                   "launch (backward, fused dW)")
 
 
 class Kernel:
-    """One compiled and loaded model kernel (one spec, dtype, device, in-place shape or not)."""
+    """One compiled and loaded model kernel (one spec, dtype, device, in-place shape or not):
+    launches ``fwd``, ``bwd``, ``bwd_dw_ctas``, ``bwd_dw`` (pointers as ints, 0 for none; per
+    layer lists), through the nvcc library or the NVRTC module alike."""
 
     def __init__(self, spec: MlpSpec, dtype: torch.dtype, device: torch.device, inplace: bool,
                  options: MlpOptions):
@@ -129,71 +135,29 @@ class Kernel:
                                f"{torch.cuda.get_device_name(index)} is sm_{major}{minor}")
         self.arch = f"{major}{minor}"
         smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
-        self.source, self.config = mlp_emit.emit(spec, CUDA_DTYPES[dtype], smem, resident=True, inplace=inplace)
-        self.compile_seconds = None
-        aot = aot_library(self.source, self.arch)
-        self.ahead_of_time = aot is not None
-        if self.ahead_of_time:  # built with the package (CUTLASS_OPS_MLP_MODELS): no nvcc needed
-            self.path, self.dir, self.hash, self.cache_hit = aot, aot.parent, aot.parent.name, True
-        else:
-            nvcc = _nvcc(options)
-            ident = {"source_sha256": hashlib.sha256(self.source.encode()).hexdigest(), "arch": self.arch,
-                     "nvcc": _nvcc_version(nvcc), "emitter": mlp_emit.EMITTER_VERSION}
-            self.hash = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
-            self.dir = cache_dir(options) / self.hash
-            self.path = self.dir / "fused_mlp.so"
-            self.cache_hit = self.path.exists()
-            if not self.cache_hit:
-                self._compile(nvcc, ident)
+        self.build = mlp_build.build(spec, CUDA_DTYPES[dtype], smem, self.arch, inplace, options,
+                                     meta={"torch_dtype": str(dtype)})
+        self.config = self.build.config
         t0 = time.perf_counter()
-        self.lib = ctypes.CDLL(str(self.path))
-        self.lib.fmlp_init.argtypes = [ctypes.c_int]
-        self.lib.fmlp_error.restype = ctypes.c_char_p
-        self.lib.fmlp_error.argtypes = [ctypes.c_int]
-        P = ctypes.c_void_p
-        self.lib.fmlp_fwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, ctypes.c_int, P]
-        self.lib.fmlp_bwd.argtypes = [ctypes.c_int, P, P, P, P, P, P, ctypes.c_longlong, P]
-        if self.config.dw_warps:  # the fused weight-gradient backward exists for this model
-            self.lib.fmlp_bwd_dw_ctas.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.POINTER(ctypes.c_longlong)]
-            self.lib.fmlp_bwd_dw.argtypes = [ctypes.c_int, P, P, P, P, P, P, P, P, ctypes.c_longlong, P]
         with torch.cuda.device(index):
-            self.check(self.lib.fmlp_init(index), "init")
+            if self.build.compiler == "nvrtc":
+                self.launcher = mlp_nvrtc.Module(self.build.dir, self.config, index, len(spec.layers))
+                self.lib = None
+            else:
+                self.launcher = Library(self.build.path, self.config, index)
+                self.lib = self.launcher.lib
         self.load_seconds = time.perf_counter() - t0
-
-    def _compile(self, nvcc: str, ident: dict) -> None:
-        self.dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{self.hash}.", dir=self.dir.parent))
-        try:
-            src = tmp / "fused_mlp.cu"
-            src.write_text(self.source)
-            cmd = mlp_emit.nvcc_command(nvcc, str(src), str(tmp / "fused_mlp.so"), self.arch, verbose_ptxas=True)
-            t0 = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            self.compile_seconds = time.perf_counter() - t0
-            if r.returncode != 0:
-                raise RuntimeError(f"FusedMLP: nvcc failed ({' '.join(cmd)}):\n{r.stdout}{r.stderr}")
-            (tmp / "ptxas.txt").write_text(r.stdout + r.stderr)
-            (tmp / "meta.json").write_text(json.dumps(
-                {**ident, "structure": self.spec.structure_key(), "dtype": str(self.dtype),
-                 "config": self.config.__dict__, "command": cmd, "compile_seconds": self.compile_seconds},
-                indent=1))
-            try:
-                os.replace(tmp, self.dir)  # atomic: another process may have finished first
-            except OSError:
-                if not self.path.exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def check(self, err: int, what: str) -> None:
-        if err:
-            raise RuntimeError(f"FusedMLP kernel {what} failed: {self.lib.fmlp_error(err).decode()} "
-                               f"(library {self.path})")
+        # the launches, as attributes (one call less per launch; a test may wrap one)
+        self.fwd, self.bwd = self.launcher.fwd, self.launcher.bwd
+        self.bwd_dw_ctas, self.bwd_dw = self.launcher.bwd_dw_ctas, self.launcher.bwd_dw
 
     def info(self) -> dict:
-        return {"path": str(self.path), "arch": f"sm_{self.arch}", "dtype": str(self.dtype),
-                "ahead_of_time": self.ahead_of_time, "cache_hit": self.cache_hit, "compile_seconds": self.compile_seconds,
-                "load_seconds": self.load_seconds,
+        b = self.build
+        return {"path": str(b.path), "arch": f"sm_{self.arch}", "dtype": str(self.dtype),
+                # "nvcc", "nvrtc" or "ahead_of_time" (built by nvcc with the package)
+                "compiler": b.compiler, "compiler_version": b.compiler_version,
+                "ahead_of_time": b.compiler == "ahead_of_time", "cache_hit": b.cache_hit,
+                "compile_seconds": b.compile_seconds, "load_seconds": self.load_seconds,
                 # resident weights: warps per CTA (each on its own rows_per_tile rows); 0: streamed
                 "resident_warps": self.config.resident_warps, "rows_per_tile": self.config.bm,
                 "inplace": self.config.inplace,
@@ -241,7 +205,7 @@ def kernel(key: str, dtype: torch.dtype, device: torch.device, forward: bool = F
     k = (key, dtype, index, inplace)
     kern = _KERNELS.get(k)
     if kern is None:
-        # one lock per kernel: threads compiling different models run their nvcc side by side
+        # one lock per kernel: threads compiling different models run their compiles side by side
         with _LOCK:
             lock = _KEY_LOCKS.setdefault(k, threading.Lock())
         with lock:
@@ -253,7 +217,8 @@ def kernel(key: str, dtype: torch.dtype, device: torch.device, forward: bool = F
 
 
 def kernel_info(key: str) -> list[dict]:
-    """What each compiled kernel of ``key`` cost: cache hit, compile and load seconds, path."""
+    """What each compiled kernel of ``key`` cost: the compiler ("nvcc", "nvrtc", "ahead_of_time"),
+    cache hit, compile and load seconds, path."""
     return [k.info() for (kk, *_), k in _KERNELS.items() if kk == key]
 
 
@@ -299,14 +264,12 @@ def launch_forward(key: str, x, weights, biases, save: bool):
     y = x.new_empty((M, spec.out_features))
     L = len(spec.layers)
     zs, acts = saved_buffers(x, spec) if save else ([], [])
-    arr = ctypes.c_void_p * L
-    wp = arr(*[w.data_ptr() for w in weights])
-    bp = arr(*[0 if b is None else b.data_ptr() for b in biases])
-    zp = arr(*[t.data_ptr() if t.numel() else 0 for t in zs]) if save else arr()
-    ap = arr(*([t.data_ptr() for t in acts] + [0])) if save else arr()
+    wp = [w.data_ptr() for w in weights]
+    bp = [0 if b is None else b.data_ptr() for b in biases]
+    zp = [t.data_ptr() if t.numel() else 0 for t in zs] if save else [0] * L
+    ap = [t.data_ptr() for t in acts] + [0] if save else [0] * L
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    kern.check(kern.lib.fmlp_fwd(kern.device_index, x.data_ptr(), y.data_ptr(), wp, bp, zp, ap, M,
-                                 int(save), stream), "launch (forward)")
+    kern.fwd(x.data_ptr(), y.data_ptr(), wp, bp, zp, ap, M, save, stream)
     return y, zs + acts
 
 
@@ -329,29 +292,22 @@ def launch_backward(key: str, grad_y, x, weights, saved, need_dx: bool, fused_dw
     # per warp tile: each layer's bias-gradient column sums (the kernel's partials), one buffer
     tiles = -(-M // (16 * kern.config.mt))  # the kernels index partials by 16*MT-row warp tile
     db_parts = x.new_empty((tiles, db_stride), dtype=torch.float32) if db_stride else None
-    arr = ctypes.c_void_p * L
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    dx_ptr = dx.data_ptr() if need_dx else None
-    db_ptrs = arr(*[0 if o is None else db_parts.data_ptr() + 4 * o for o in db_offsets])
+    dx_ptr = dx.data_ptr() if need_dx else 0
+    db_ptrs = [0 if o is None else db_parts.data_ptr() + 4 * o for o in db_offsets]
     dw = None
     if fused_dw and kern.config.dw_warps:
-        ctas = ctypes.c_longlong(0)
-        kern.check(kern.lib.fmlp_bwd_dw_ctas(kern.device_index, M, ctypes.byref(ctas)), "grid (backward, fused dW)")
         # one float32 partial of every dW per CTA, summed below in a fixed order (deterministic)
-        dw_parts = x.new_empty((max(ctas.value, 1), dw_stride), dtype=torch.float32)
+        dw_parts = x.new_empty((max(kern.bwd_dw_ctas(M), 1), dw_stride), dtype=torch.float32)
         acts = [aligned(saved[L + i]) if i < L - 1 else x for i in range(L)]
-        kern.check(kern.lib.fmlp_bwd_dw(kern.device_index, grad_y.data_ptr(), dx_ptr, x.data_ptr(),
-                                        arr(*[t.data_ptr() for t in zs]), arr(*[t.data_ptr() for t in acts]),
-                                        arr(*[w.data_ptr() for w in weights]),
-                                        arr(*[dw_parts.data_ptr() + 4 * o for o in dw_offsets]), db_ptrs, M, stream),
-                   "launch (backward, fused dW)")
+        kern.bwd_dw(grad_y.data_ptr(), dx_ptr, x.data_ptr(), [t.data_ptr() for t in zs],
+                    [t.data_ptr() for t in acts], [w.data_ptr() for w in weights],
+                    [dw_parts.data_ptr() + 4 * o for o in dw_offsets], db_ptrs, M, stream)
         dw = dw_parts.sum(0) if M > 0 else dw_parts.new_zeros((dw_stride,))
         dzs = []
     else:
         dzs = [x.new_empty((M, l.out_padded)) for l in spec.layers]
-        kern.check(kern.lib.fmlp_bwd(kern.device_index, grad_y.data_ptr(), dx_ptr,
-                                     arr(*[t.data_ptr() for t in zs]), arr(*[w.data_ptr() for w in weights]),
-                                     arr(*[t.data_ptr() for t in dzs]), db_ptrs, M, stream),
-                   "launch (backward)")
+        kern.bwd(grad_y.data_ptr(), dx_ptr, [t.data_ptr() for t in zs], [w.data_ptr() for w in weights],
+                 [t.data_ptr() for t in dzs], db_ptrs, M, stream)
     db = None if db_parts is None else (db_parts.sum(0) if M > 0 else db_parts.new_zeros((db_stride,)))
     return dx, dzs, db, dw

@@ -69,8 +69,18 @@ class MlpOptions:
         ``$XDG_CACHE_HOME/cutlass_ops`` (default ``~/.cache/cutlass_ops``).  $CUTLASS_OPS_CACHE.
     nvcc: the nvcc that compiles a model's kernel at first use.  None: $CUDACXX, nvcc on PATH,
         then ``$CUDA_HOME/bin/nvcc`` (default ``/usr/local/cuda``).  $CUTLASS_OPS_NVCC.
+    compiler: what compiles a model's kernel that the package does not hold ahead of time:
+        ``auto`` (nvcc where found, else NVRTC: libnvrtc from torch's NVIDIA wheels or the
+        system CUDA, so a machine without a CUDA toolkit runs new models too), ``nvcc`` or
+        ``nvrtc`` (that one only).  $CUTLASS_OPS_MLP_COMPILER.
     """
     fused_weight_grads: bool = env_default("CUTLASS_OPS_MLP_FUSED_DW", True, _not_zero)
     wide_kernel: bool = env_default("CUTLASS_OPS_MLP_WIDE", False, lambda raw: raw == "kernel")
     cache_dir: Optional[str] = env_default("CUTLASS_OPS_CACHE", None)
     nvcc: Optional[str] = env_default("CUTLASS_OPS_NVCC", None)
+    compiler: str = env_default("CUTLASS_OPS_MLP_COMPILER", "auto")
+
+    def __post_init__(self):
+        if self.compiler not in ("auto", "nvcc", "nvrtc"):
+            raise ValueError(f"MlpOptions.compiler (or $CUTLASS_OPS_MLP_COMPILER) must be auto, nvcc or nvrtc, "
+                             f"not {self.compiler!r}")

@@ -18,7 +18,8 @@ weights resident where they fit, as the runtime emits it by default.  ``write`` 
 kernel in a folder named ``mlp_emit.aot_key(source, arch)`` (fused_mlp.cu, meta.json) with an
 index.json of all, and a CMake file that compiles each with nvcc into fused_mlp.so (the same
 command as the runtime's).  The package finds a kernel there before compiling
-(``cutlass_ops.mlp_jit``), so those models need no nvcc on the user's machine.
+(``cutlass_ops.mlp_build``), so those models need no compiler (nvcc or NVRTC) on the user's
+machine.
 
     python -m cutlass_ops_gen.mlp_aot --manifest models.json --archs 80,90 --out build/mlp_aot
 """

@@ -29,7 +29,9 @@ and one dtype (float16 or bfloat16):
 - ``extern "C"`` host entry points (``fmlp_init``, ``fmlp_fwd``, ``fmlp_bwd``, ``fmlp_error``;
   ``fmlp_bwd_dw`` and ``fmlp_bwd_dw_ctas`` with bwd_dw_kernel) that the Python side calls
   through ctypes, with the CUDA stream to launch on.  Under ``FMLP_EMULATE`` the host side drops
-  out and the kernels build with g++ for the CPU emulator (tests/cuda_emulator).
+  out and the kernels build with g++ for the CPU emulator (tests/cuda_emulator);
+  ``emit(..., device_only=True)`` leaves it out for NVRTC, whose caller launches the kernels
+  through the CUDA driver API (cutlass_ops.mlp_nvrtc).
 
 No torch and no CUTLASS headers are needed: the MMA is inline PTX (``mma.sync.m16n8k16``), which
 keeps a model's first-use compile to seconds.  Runs on sm_80 and newer (sm_90 included).
@@ -533,6 +535,12 @@ extern "C" int fmlp_bwd_dw(int device, const void* dy, void* dx, const void* x, 
 """
 
 
+# The end of the kernels' namespace: where the device-only source (emit's device_only) ends.
+DEVICE_END = """
+}  // namespace fmlp_model
+"""
+
+
 def partial_layout(spec: MlpSpec) -> tuple[tuple, int, tuple, int]:
     """Where the backward's float32 partials go: the bias gradients' (one row per warp tile) as
     per layer its first column in a row of ``db_stride`` (pad8(out) columns each; None for a
@@ -550,10 +558,14 @@ def partial_layout(spec: MlpSpec) -> tuple[tuple, int, tuple, int]:
 
 
 def emit(spec: MlpSpec, dtype: str, smem_limit: int, resident: bool = True,
-         inplace: bool = False) -> tuple[str, Config]:
+         inplace: bool = False, device_only: bool = False) -> tuple[str, Config]:
     """The CUDA source for ``spec`` in ``dtype`` ("float16" or "bfloat16") and its config
     (``resident=False``: streamed weights even where they would fit; ``inplace``: see
-    choose_config)."""
+    choose_config).  ``device_only``: the same text up to the end of the kernels (closing
+    their namespace) less the host helpers (PARAMS) and the host side, for NVRTC
+    (cutlass_ops.mlp_nvrtc), which launches ``fmlp_model::fwd_kernel<true>`` etc. itself; the
+    full source (nvcc's, and the one every cache and ahead-of-time key hashes) is unchanged by
+    it."""
     if dtype not in CTYPES:
         raise ValueError(f"FusedMLP kernels exist for float16 and bfloat16, not {dtype}")
     cfg = choose_config(spec, smem_limit, resident, inplace)
@@ -584,13 +596,15 @@ struct BwdParams {{ const T* dy; T* dx; const T* z[L]; const T* w[L]; T* dz[L]; 
 struct BwdDwParams {{ const T* dy; T* dx; const T* x; const T* z[L]; const T* a[L]; const T* w[L]; float* dw[L];
                       float* db[L]; long long M; }};
 """)
-    out.append(PARAMS)
+    if not device_only:  # host helpers (NVRTC's caller fills the structs itself)
+        out.append(PARAMS)
     out.append(_resident_kernels(spec, cfg) if cfg.resident_warps else _streamed_kernels(spec, cfg))
     if cfg.dw_warps:
         out.append(_resident_dw_kernel(spec, cfg))
-    host = """
-}  // namespace fmlp_model
-
+    if device_only:
+        out.append(DEVICE_END)
+        return "".join(out), cfg
+    host = DEVICE_END + """
 using namespace fmlp_model;
 
 #ifndef FMLP_EMULATE  // the CUDA host side (tests/cuda_emulator launches the kernels on the CPU itself)

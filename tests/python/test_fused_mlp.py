@@ -2,8 +2,8 @@
 errors, op registration, cache.
 
 CPU tests run everywhere (the ops' CPU path: float32 math with the kernel's rounding points, or
-float64 for float64 inputs).  GPU tests need a CUDA device of sm_80+ and nvcc (the kernel is
-compiled at first use); they skip otherwise.  Errors are relative L2 norms against float64
+float64 for float64 inputs).  GPU tests need a CUDA device of sm_80+ and nvcc or NVRTC (the
+kernel is compiled at first use); they skip otherwise.  Errors are relative L2 norms against float64
 computed from the same (dtype-rounded) weights and input; the issue's targets: fp16 <= 2e-3,
 bf16 <= 1e-2.  A failure message gives the model, dtype, rows, our error and PyTorch's own
 error in the same dtype.
@@ -26,7 +26,7 @@ from cutlass_ops.fused_mlp import FusedMLP
 from cutlass_ops.mlp_jit import cache_dir, kernel as _kernel
 
 HAS_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
-gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer (and nvcc)")
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU of sm_80 or newer (and nvcc or NVRTC)")
 
 TARGET = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}
 
@@ -434,8 +434,8 @@ def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
     assert fused.compile_kernel()["fused_weight_grad_warps"] > 0
     kern = _kernel(fused.key, dtype, torch.device("cuda"))
     calls = []
-    entry = kern.lib.fmlp_bwd_dw
-    monkeypatch.setattr(kern.lib, "fmlp_bwd_dw", lambda *a: calls.append(1) or entry(*a))
+    entry = kern.bwd_dw
+    monkeypatch.setattr(kern, "bwd_dw", lambda *a: calls.append(1) or entry(*a))
     _check_grads(name, fused, ref_model, x.cuda(), dtype, model)
     assert calls, "the fused weight-gradient kernel did not run"
 
@@ -449,8 +449,8 @@ def test_gpu_fused_weight_grads(name, dtype, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(fused_grads, grads()))  # deterministic: fixed-order sums
     fused.options = dataclasses.replace(fused.options, fused_weight_grads=False)
     kern = _kernel(fused.key, dtype, torch.device("cuda"))  # the options' key: its own kernel object
-    entry = kern.lib.fmlp_bwd_dw
-    monkeypatch.setattr(kern.lib, "fmlp_bwd_dw", lambda *a: calls.append(1) or entry(*a))
+    entry = kern.bwd_dw
+    monkeypatch.setattr(kern, "bwd_dw", lambda *a: calls.append(1) or entry(*a))
     n = len(calls)
     gemm_grads = grads()
     assert len(calls) == n  # the switch keeps the GEMMs
@@ -672,6 +672,7 @@ def test_gpu_second_process_hits_cache(tmp_path):
           f"second process: cache hit {second['cache_hit']}, load {second['load_seconds'] * 1e3:.1f} ms, "
           f"first call {second['first_call_seconds']:.2f} s")
     assert first["cache_hit"] is False and first["compile_seconds"] > 0
+    assert first["compiler"] == second["compiler"] and first["compiler"] in ("nvcc", "nvrtc")
     assert second["cache_hit"] is True and second["compile_seconds"] is None
     assert second["path"] == first["path"] and second["path"].startswith(str(tmp_path))
 
@@ -708,9 +709,10 @@ def test_ahead_of_time_kernels_installed():
 
 @gpu
 def test_gpu_ahead_of_time_kernel_needs_no_nvcc(monkeypatch):
-    """A model the build compiled for this GPU's arch runs with nvcc out of reach, right."""
+    """A model the build compiled for this GPU's arch runs with no compiler in reach (neither
+    nvcc nor NVRTC), right."""
     from cutlass_ops_gen.mlp_aot import build_model
-    import cutlass_ops.mlp_jit as mlp_jit
+    import cutlass_ops.mlp_build as mlp_build
     major, minor = torch.cuda.get_device_capability()
     entries = [e for e in _aot_index() if e["arch"] == f"{major}{minor}"]
     if not entries:
@@ -718,15 +720,16 @@ def test_gpu_ahead_of_time_kernel_needs_no_nvcc(monkeypatch):
     e = entries[0]
     dtype = getattr(torch, e["dtype"])
 
-    def no_nvcc(options):
-        raise AssertionError("an ahead-of-time kernel must not need nvcc")
-    monkeypatch.setattr(mlp_jit, "_nvcc", no_nvcc)
+    def no_compiler(options):
+        raise AssertionError("an ahead-of-time kernel must not need a compiler")
+    monkeypatch.setattr(mlp_build, "choose_compiler", no_compiler)
     model = build_model(e["model"]).to(dtype)
     ref_model = build_model(e["model"]).double()
     ref_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     fused = FusedMLP.from_module(model, options=KERNEL).cuda()
     info = fused.compile_kernel()
     assert info["ahead_of_time"] and info["path"].endswith(f"{e['key']}/fused_mlp.so"), info
+    assert info["compiler"] == "ahead_of_time", info
     x = torch.randn(1000, fused.spec.in_features, generator=torch.Generator().manual_seed(3)).to(dtype)
     with torch.no_grad():
         err = rel(fused(x.cuda()), ref_model(x.double()))
