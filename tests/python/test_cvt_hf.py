@@ -68,8 +68,9 @@ def _small_reference(rng, spec=None, num_classes=7, act=nn.GELU):
 
 # ---- against transformers' forward ---------------------------------------------------------
 
-@pytest.mark.parametrize("fields,n,size", [(SMALL, 3, 224), (SMALL, 1, 64), (CVT13, 3, 224)],
-                         ids=["small-224-n3", "small-64-n1", "cvt13-224-n3"])
+# (CvT-13 itself: on CUDA below; building and running transformers' CvT-13 on two CPU cores
+# takes tens of seconds)
+@pytest.mark.parametrize("fields,n,size", [(SMALL, 3, 224), (SMALL, 1, 64)], ids=["small-224-n3", "small-64-n1"])
 def test_hf_float64(rng, fields, n, size):
     hf = _hf(rng, fields)
     ref = cvt_hf.cvt_from_huggingface(hf)
@@ -97,6 +98,7 @@ def test_hf_float32_within_transformers_own_error(rng, size):
     expected = _logits(hf64, x)
     theirs = errors(_logits(hf32, x.float()), expected)
     ours = errors(_logits(fused, x.float()), expected)
+    print("float32 errors (rel, max): FusedCvT", ours, "transformers", theirs)
     assert ours[0] <= 2 * theirs[0] + 1e-7 and ours[1] <= 2 * theirs[1] + 1e-7, (ours, theirs)
 
 
@@ -200,7 +202,7 @@ def test_specs_match_the_hub_configs():
         assert round(count / 1e6) == millions, (make.__name__, count)
 
 
-@pytest.mark.parametrize("spec,size", [(cvt.CVT21_SPEC, 384), (cvt.CVTW24_SPEC, 128)], ids=["cvt21-384", "cvtw24-128"])
+@pytest.mark.parametrize("spec,size", [(cvt.CVT21_SPEC, 384), (cvt.CVTW24_SPEC, 64)], ids=["cvt21-384", "cvtw24-64"])
 def test_fused_specs_run(rng, spec, size):
     """FusedCvT of CvT-21 and CvT-W24 (a block per stage: the specs' widths and heads) equals
     the reference in float64 (CvT-21 at 384 px; W24 smaller, for the CPU's time)."""
