@@ -62,7 +62,8 @@ def conv_embed_can_run(patch_embed, x: torch.Tensor, weight: torch.Tensor, enabl
               if t is not None]
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params))
     return (enabled and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and not wants_grad
-            and x.shape[1] % 8 != 0 and weight.shape[0] in (32, 64, 128) and proj.dilation == (1, 1) and proj.groups == 1
+            and x.shape[1] % 8 != 0 and weight.shape[0] in (32, 64, 128)
+            and proj.dilation == (1, 1) and proj.groups == 1
             and proj.padding_mode == "zeros" and isinstance(proj.padding, tuple)
             and (norm is None or isinstance(norm, nn.LayerNorm)))
 

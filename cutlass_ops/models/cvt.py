@@ -358,5 +358,5 @@ def cvtw24(num_classes: int = 1000, in_chans: int = 3, drop_path_rate: float | N
 
 
 __all__ = ["CVT13_SPEC", "CVT21_SPEC", "CVTW24_SPEC", "ConvolutionalVisionTransformer", "VisionTransformer", "Block",
-           "Attention", "Mlp", "ConvEmbed", "LayerNorm", "QuickGELU", "DropPath", "cvt13", "cvt21", "cvtw24", "cvt_flops",
-           "drop_path", "drop_path_mask", "layer_norm", "quick_gelu"]
+           "Attention", "Mlp", "ConvEmbed", "LayerNorm", "QuickGELU", "DropPath", "cvt13", "cvt21", "cvtw24",
+           "cvt_flops", "drop_path", "drop_path_mask", "layer_norm", "quick_gelu"]

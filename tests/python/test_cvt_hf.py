@@ -135,6 +135,38 @@ def test_hf_module_eps_and_momentum_are_copied(rng):
     assert rel < 1e-10 and mx < 1e-10, (rel, mx)
 
 
+def test_hf_training_gradients_float64(rng):
+    """Train mode (BatchNorm batch statistics; transformers' drop path quirks off: rate 0): every
+    parameter's gradient, the input's and the BatchNorm running statistics of FusedCvT (its
+    GELU path under autograd) equal transformers' in float64."""
+    hf = _hf(rng, dict(SMALL, drop_path_rate=[0.0, 0.0, 0.0])).train()
+    fused = FusedCvT.from_huggingface(hf)
+    assert fused.training
+    x = _input(rng, 3, 64)
+    g = torch.randn(3, 7, generator=rng, dtype=torch.float64)
+    grads = {}
+    for name, model in (("hf", hf), ("fused", fused)):
+        xi = x.clone().requires_grad_()
+        out = model(xi)
+        (out.logits if hasattr(out, "logits") else out).backward(g)
+        grads[name] = xi.grad
+    rel, _ = errors(grads["fused"], grads["hf"])
+    assert rel < 1e-10, ("input", rel)
+    theirs = dict(hf.named_parameters())
+    buffers = dict(hf.named_buffers())
+    # relative to each gradient, or to a thousandth of the largest where it is zero analytically
+    # (a bias added to every key cancels in softmax: rounding noise in both)
+    floor = 1e-3 * max(p.grad.norm() for p in hf.parameters())
+    for name, p in fused.named_parameters():
+        hf_name = cvt_hf.cvt_key_to_hf(name)
+        other = theirs[("cvt." if hf_name.startswith("encoder.") else "") + hf_name].grad
+        assert (p.grad - other).norm() <= 1e-9 * max(other.norm(), floor), name
+    for name, b in fused.named_buffers():
+        if name.endswith(("running_mean", "running_var")):
+            hf_name = "cvt." + cvt_hf.cvt_key_to_hf(name)
+            assert torch.allclose(b, buffers[hf_name], rtol=1e-12, atol=1e-14), name
+
+
 def test_hf_rejects_another_activation(rng):
     hf = _hf(rng, SMALL)
     hf.cvt.encoder.stages[1].layers[0].intermediate.activation = nn.ReLU()
