@@ -253,15 +253,22 @@ class VisionTransformer(nn.Module):
             for j in range(depth)])
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=0.02)
-        self.apply(partial(self._init_weights, xavier=init == "xavier"))
+        self.apply(self._init_weights_xavier if init == "xavier" else self._init_weights_trunc_normal)
 
     @staticmethod
-    def _init_weights(m, xavier: bool = False):
+    def _init_weights_trunc_normal(m):
         if isinstance(m, nn.Linear):
-            if xavier:
-                nn.init.xavier_uniform_(m.weight)
-            else:
-                trunc_normal_(m.weight, std=0.02)
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.constant_(m.bias, 0)
+        elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
+            nn.init.constant_(m.bias, 0)
+            nn.init.constant_(m.weight, 1.0)
+
+    @staticmethod
+    def _init_weights_xavier(m):
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
             if m.bias is not None:
                 nn.init.constant_(m.bias, 0)
         elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
