@@ -1,7 +1,9 @@
 """FusedCvT: CvT (Convolutional Vision Transformer) on cutlass_ops ops, NHWC inside.
 
-A drop-in for the CvT-13 reference ``cutlass_ops.models.cvt.ConvolutionalVisionTransformer``
-(``cvt13()``): the same parameters, buffers and state_dict names; only the forward differs.
+A drop-in for the CvT reference ``cutlass_ops.models.cvt.ConvolutionalVisionTransformer``
+(``cvt13()``, ``cvt21()``, ``cvtw24()``, other specs): the same parameters, buffers and
+state_dict names; only the forward differs.  ``from_huggingface`` loads transformers' CvT
+(``models/cvt_hf.py``).
 Parts of it run as this project's fused kernels, the rest as PyTorch (ATen, cuDNN, cuBLAS):
 
 - the conv embeddings: 3x3/2 64->192 and 192->384 as ``conv2d_fused`` (conv + bias, NHWC output
@@ -16,7 +18,9 @@ Parts of it run as this project's fused kernels, the rest as PyTorch (ATen, cuDN
   the folded BatchNorm bias moved into the q/k/v Linear's bias;
 - each MLP's QuickGELU as one SiLU (the scales as the GEMMs' alpha), on sm90 with autograd off
   fc1 and its SiLU as one ``linear_silu`` kernel; with autograd off on CUDA the output
-  projection and fc2 add onto the residual stream in their GEMM's epilogue (``linear_residual``);
+  projection and fc2 add onto the residual stream in their GEMM's epilogue (``linear_residual``).
+  A model with nn.GELU (transformers' CvT: exact GELU) runs it as ``F.gelu`` after fc1, unfused
+  (``last_path("fused_cvt.mlp")``, ``kernel_report(x, mlps=True)`` say which ran);
 - drop path as one ``scale_samples`` multiply per sample (timm's random draws).
 
 Still PyTorch: the Linears (cuBLAS through ``cutlass_ops.linear``), attention
@@ -37,8 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, QuickGELU, VisionTransformer,
-                          layer_norm)
+from .models.cvt import (CVT13_SPEC, Block, ConvolutionalVisionTransformer, LayerNorm, Mlp, QuickGELU,
+                          VisionTransformer, layer_norm)
+from .models.cvt_hf import cvt_from_huggingface
 from .fused_cvt_blocks import CvTBlocks
 from .fused_resnet import FusedResNet
 from .ops import conv2d_fused, conv2d_fused_last_kernel, conv_embed
@@ -47,8 +52,9 @@ from .options import CvTOptions
 
 def conv_embed_can_run(patch_embed, x: torch.Tensor, weight: torch.Tensor, enabled: bool = True) -> bool:
     """Whether FusedCvT._embed takes this embedding as one conv_embed call (CvTOptions.conv_embed): CUDA,
-    16-bit, input channels not a multiple of 8 (conv2d_fused takes the others), a plain conv
-    (no dilation, no groups, zero padding), and no gradient wanted (the op's backward
+    16-bit, input channels not a multiple of 8 (conv2d_fused takes the others), 32, 64 or 128
+    output channels (the kernel's tiles: CvT-W24's 192 go to cuDNN without a fallback warning),
+    a plain conv (no dilation, no groups, zero padding), and no gradient wanted (the op's backward
     recomputes with ATen: training keeps cuDNN's conv and its wgrad).  Shapes the kernel does
     not take run ATen's path inside the op, still correct."""
     proj, norm = patch_embed.proj, patch_embed.norm
@@ -56,7 +62,8 @@ def conv_embed_can_run(patch_embed, x: torch.Tensor, weight: torch.Tensor, enabl
               if t is not None]
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in params))
     return (enabled and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and not wants_grad
-            and x.shape[1] % 8 != 0 and proj.dilation == (1, 1) and proj.groups == 1
+            and x.shape[1] % 8 != 0 and weight.shape[0] in (32, 64, 128)
+            and proj.dilation == (1, 1) and proj.groups == 1
             and proj.padding_mode == "zeros" and isinstance(proj.padding, tuple)
             and (norm is None or isinstance(norm, nn.LayerNorm)))
 
@@ -74,6 +81,7 @@ class FusedCvT(CvTBlocks, ConvolutionalVisionTransformer):
         self.in_chans = in_chans
         self.options = options if options is not None else CvTOptions()
         self._folded: dict = {}  # eval-mode dw_bn folds: slot (_cached_fold) -> (key, result)
+        self._mlp_log = None  # kernel_report(mlps=True)'s ({id(mlp): name}, rows) while it runs
         self._to_kernel_layouts()
 
     @classmethod
@@ -82,9 +90,10 @@ class FusedCvT(CvTBlocks, ConvolutionalVisionTransformer):
         if not isinstance(model, ConvolutionalVisionTransformer):
             raise TypeError(f"FusedCvT.from_reference: expected a cutlass_ops.models.cvt model, got {type(model).__name__}")
         for name, m in model.named_modules():
-            if isinstance(m, Block) and not isinstance(m.mlp.act, QuickGELU):
+            if isinstance(m, Block) and not isinstance(m.mlp.act, (QuickGELU, nn.GELU)):
                 raise ValueError(f"FusedCvT.from_reference: {name}.mlp.act is {type(m.mlp.act).__name__}; "
-                                 "FusedCvT runs QuickGELU (what CvT's get_cls_model builds)")
+                                 "FusedCvT runs QuickGELU (what CvT's get_cls_model builds; fused) or nn.GELU "
+                                 "(transformers' CvT; through PyTorch)")
             if isinstance(m, nn.LayerNorm) and not isinstance(m, LayerNorm):
                 raise ValueError(f"FusedCvT.from_reference: {name} is a plain nn.LayerNorm; FusedCvT runs "
                                  "CvT's LayerNorm (16-bit inputs in float32)")
@@ -95,9 +104,22 @@ class FusedCvT(CvTBlocks, ConvolutionalVisionTransformer):
         fused = fused.to_empty(device=p.device).to(dtype=p.dtype)
         fused.load_state_dict(model.state_dict())
         for a, b in zip(fused.modules(), model.modules()):
-            if isinstance(a, LayerNorm):
+            if isinstance(a, (LayerNorm, nn.BatchNorm2d)):
                 a.eps = b.eps
+            if isinstance(a, nn.BatchNorm2d):
+                a.momentum = b.momentum
+            if isinstance(a, Block) and not isinstance(b.mlp.act, QuickGELU):
+                a.mlp.act = nn.GELU(approximate=b.mlp.act.approximate)
         return fused.train(model.training)
+
+    @classmethod
+    def from_huggingface(cls, model_or_state_dict, config=None, options: CvTOptions | None = None) -> "FusedCvT":
+        """A FusedCvT of a transformers ``CvtForImageClassification`` or ``CvtModel`` (its
+        config, weights, buffers, eps, dtype, device and mode), or of such a module's state_dict
+        and its config (a ``CvtConfig`` or a dict of its fields; needs no transformers; eval
+        mode): ``models.cvt_hf.cvt_from_huggingface``, then ``from_reference``.  Its MLPs run
+        transformers' exact GELU through PyTorch, not the fused QuickGELU (docs/fused_cvt.md)."""
+        return cls.from_reference(cvt_from_huggingface(model_or_state_dict, config), options)
 
     # -- parameter layouts -----------------------------------------------------------------
     def _to_kernel_layouts(self) -> None:
@@ -139,15 +161,22 @@ class FusedCvT(CvTBlocks, ConvolutionalVisionTransformer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._forward(x)
 
-    def kernel_report(self, x: torch.Tensor) -> list[tuple[str, tuple, str]]:
+    def kernel_report(self, x: torch.Tensor, mlps: bool = False) -> list[tuple[str, tuple, str]]:
         """(layer, output shape, kernel) of each conv embedding in one forward on x: the
         generated CUTLASS kernel (tile, alignment, split-K) the dispatcher picked, or "aten"
         (CPU, float32/64, a shape no kernel covers, or an input whose channels are not a
-        multiple of 8 on CUDA: cuDNN)."""
+        multiple of 8 on CUDA: cuDNN).  mlps: then also each block's MLP (its fc1 output
+        shape): "kernel" (fc1 and QuickGELU as one linear_silu) or "aten: <what ran>" (QuickGELU
+        as one SiLU after cuBLAS, or a GELU model's F.gelu)."""
         report: list = []
-        with torch.no_grad():
-            self._forward(x, report)
-        return report
+        if mlps:
+            self._mlp_log = ({id(m): n for n, m in self.named_modules() if isinstance(m, Mlp)}, [])
+        try:
+            with torch.no_grad():
+                self._forward(x, report)
+        finally:
+            log, self._mlp_log = getattr(self, "_mlp_log", None), None
+        return report + (log[1] if log is not None else [])
 
     def _forward(self, x: torch.Tensor, report: list | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import paths
 from .linear import linear
-from .models.cvt import DropPath, drop_path_mask, layer_norm
+from .models.cvt import DropPath, QuickGELU, drop_path_mask, layer_norm
 from .ops import dw_conv3x3_tokens, layer_norm_rows, linear_residual, linear_silu, linear_silu_kernels, scale_samples
 
 QUICK_GELU_SCALE = 1.702  # QuickGELU(x) = x * sigmoid(1.702 x)
@@ -78,27 +79,54 @@ class CvTBlocks:
     # -- MLP: QuickGELU as one SiLU ---------------------------------------------------------
     # x * sigmoid(1.702 x) is three ATen elementwise passes over the widest activation; since
     # fc2(x * sigmoid(1.702 x)) = (fc2.weight / 1.702) silu(1.702 x) + fc2.bias, it runs as one
-    # SiLU with 1.702 and 1/1.702 as the two GEMMs' alpha.
+    # SiLU with 1.702 and 1/1.702 as the two GEMMs' alpha.  Other activations (nn.GELU:
+    # transformers' CvT) run as the module itself after fc1 (_act_fc1): correct, unfused.
     def _mlp_onto(self, mlp, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + the MLP of h, fc2 adding onto the residual in its epilogue where fc1 and
-        its SiLU run as one kernel (_silu_fc1); residual + _mlp(h) otherwise."""
+        its SiLU run as one kernel (_silu_fc1) or the activation is not QuickGELU;
+        residual + _mlp(h) otherwise."""
+        if not isinstance(mlp.act, QuickGELU):
+            return linear_residual(self._act_fc1(mlp, h), mlp.fc2.weight, mlp.fc2.bias, residual)
         y = self._silu_fc1(mlp, h)
         if y is not None:
             return linear_residual(y, mlp.fc2.weight, mlp.fc2.bias, residual, 1 / QUICK_GELU_SCALE)
         return residual + self._mlp(mlp, h)
 
     def _mlp(self, mlp, h: torch.Tensor) -> torch.Tensor:
-        """fc1, QuickGELU (as one SiLU), fc2 on the normalized tokens."""
+        """fc1, QuickGELU (as one SiLU; another activation as it is), fc2 on the normalized tokens."""
+        if not isinstance(mlp.act, QuickGELU):
+            return mlp.drop(linear(mlp.drop(self._act_fc1(mlp, h)), mlp.fc2.weight, mlp.fc2.bias))
         y = self._silu_fc1(mlp, h)
         if y is None:
+            self._note_mlp(mlp, h, "aten: QuickGELU as one SiLU (linear_silu does not run here)")
             return self._silu_mlp_aten(mlp, h)
         return mlp.drop(linear(mlp.drop(y), mlp.fc2.weight, mlp.fc2.bias, alpha=1 / QUICK_GELU_SCALE))
 
     def _silu_fc1(self, mlp, h: torch.Tensor) -> torch.Tensor | None:
         """silu(1.702 fc1(h)) as one linear_silu kernel, None where it does not run."""
         if linear_silu_can_run(mlp, h, self.options.linear_silu):
+            self._note_mlp(mlp, h, "kernel")
             return linear_silu(h, mlp.fc1.weight, mlp.fc1.bias, QUICK_GELU_SCALE)
         return None
+
+    def _act_fc1(self, mlp, h: torch.Tensor) -> torch.Tensor:
+        """act(fc1(h)) for an activation other than QuickGELU (nn.GELU: F.gelu, exact or tanh as
+        the module says): fc1 through cutlass_ops.linear, the activation as PyTorch computes it.
+        linear_silu's epilogue computes silu only, so no kernel fuses these."""
+        act = mlp.act
+        what = f"F.gelu(approximate={act.approximate!r})" if isinstance(act, nn.GELU) else type(act).__name__
+        self._note_mlp(mlp, h, f"aten: {what} after fc1 (linear_silu computes QuickGELU only)")
+        return act(linear(h, mlp.fc1.weight, mlp.fc1.bias))
+
+    def _note_mlp(self, mlp, h: torch.Tensor, path: str) -> None:
+        """Records which path an MLP's fc1 and activation took: ``cutlass_ops.last_path("fused_cvt.mlp")``
+        on CUDA, and kernel_report(x, mlps=True)'s list while it runs."""
+        if paths.recording(h):
+            paths.record("fused_cvt.mlp", path)
+        log = getattr(self, "_mlp_log", None)
+        if log is not None:
+            names, rows = log
+            rows.append((names.get(id(mlp), "mlp"), (*h.shape[:-1], mlp.fc1.weight.shape[0]), path))
 
     @staticmethod
     def _silu_mlp_aten(mlp, h: torch.Tensor) -> torch.Tensor:

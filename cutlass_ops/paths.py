@@ -6,7 +6,10 @@ op's wrapper records, for every call on CUDA, which path it took:
 
     cutlass_ops.last_path("se_gate")        # "kernel", "empty" or "fallback: <reason>"
 
-(per thread: the last call of that op on this thread).  A fallback also
+(per thread: the last call of that op on this thread).  A model may record its own choices
+the same way, with "aten: <what ran>" for a PyTorch path that is not a fallback (no count, no
+warning, allowed in strict mode): ``last_path("fused_cvt.mlp")``, FusedCvT's MLP activation
+(a GELU model's ``F.gelu``).  A fallback also
 
 - counts: ``fallback_counts()[(op, reason)]`` (all threads, this process);
 - warns once per distinct (op, reason) per process (a UserWarning naming the op, the reason

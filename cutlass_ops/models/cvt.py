@@ -28,6 +28,8 @@ is ``dim_out ** -0.5``, the whole embed dim, not the head dim (as the original).
 has a cls token: it bypasses the conv projections and is concatenated in front of q, k and
 v after them.  The head: LayerNorm of the cls token, Linear(384, 1000).  Drop path 0.1 in
 stage 3 (linearly from 0 over its 10 blocks, timm 0.3.2's ``drop_path``), dropout 0.
+CvT-21 (``cvt21()``) and CvT-W24 (``cvtw24()``): the same with other depths and widths
+(their yaml files beside CvT-13's).  Hugging Face checkpoints: ``cvt_hf.py``.
 """
 from __future__ import annotations
 
@@ -38,30 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# experiments/imagenet/cvt/cvt-13-224x224.yaml, MODEL.SPEC
-CVT13_SPEC = {
-    "INIT": "trunc_norm",
-    "NUM_STAGES": 3,
-    "PATCH_SIZE": [7, 3, 3],
-    "PATCH_STRIDE": [4, 2, 2],
-    "PATCH_PADDING": [2, 1, 1],
-    "DIM_EMBED": [64, 192, 384],
-    "NUM_HEADS": [1, 3, 6],
-    "DEPTH": [1, 2, 10],
-    "MLP_RATIO": [4.0, 4.0, 4.0],
-    "ATTN_DROP_RATE": [0.0, 0.0, 0.0],
-    "DROP_RATE": [0.0, 0.0, 0.0],
-    "DROP_PATH_RATE": [0.0, 0.0, 0.1],
-    "QKV_BIAS": [True, True, True],
-    "CLS_TOKEN": [False, False, True],
-    "POS_EMBED": [False, False, False],
-    "QKV_PROJ_METHOD": ["dw_bn", "dw_bn", "dw_bn"],
-    "KERNEL_QKV": [3, 3, 3],
-    "PADDING_KV": [1, 1, 1],
-    "STRIDE_KV": [2, 2, 2],
-    "PADDING_Q": [1, 1, 1],
-    "STRIDE_Q": [1, 1, 1],
-}
+from .cvt_specs import CVT13_SPEC, CVT21_SPEC, CVTW24_SPEC, cvt_flops  # the specs live there; same names here
 
 
 def trunc_normal_(tensor: torch.Tensor, std: float = 1.0) -> torch.Tensor:
@@ -356,43 +335,35 @@ class ConvolutionalVisionTransformer(nn.Module):
         return self.head(self.forward_features(x))
 
 
+def _cvt(spec: dict, num_classes: int, in_chans: int, drop_path_rate: float | None, init: str):
+    spec = dict(spec)
+    if drop_path_rate is not None:
+        spec["DROP_PATH_RATE"] = [0.0] * (spec["NUM_STAGES"] - 1) + [float(drop_path_rate)]
+    return ConvolutionalVisionTransformer(in_chans=in_chans, num_classes=num_classes, act_layer=QuickGELU,
+                                          norm_layer=partial(LayerNorm, eps=1e-5), init=init, spec=spec)
+
+
 def cvt13(num_classes: int = 1000, in_chans: int = 3, drop_path_rate: float | None = None,
           init: str = "trunc_norm") -> ConvolutionalVisionTransformer:
     """CvT-13 as ``get_cls_model`` builds it from cvt-13-224x224.yaml (QuickGELU, LayerNorm
     eps 1e-5).  ``drop_path_rate``: stage 3's (default the config's 0.1; 0 for deterministic
     training)."""
-    spec = dict(CVT13_SPEC)
-    if drop_path_rate is not None:
-        spec["DROP_PATH_RATE"] = [0.0, 0.0, float(drop_path_rate)]
-    return ConvolutionalVisionTransformer(in_chans=in_chans, num_classes=num_classes, act_layer=QuickGELU,
-                                          norm_layer=partial(LayerNorm, eps=1e-5), init=init, spec=spec)
+    return _cvt(CVT13_SPEC, num_classes, in_chans, drop_path_rate, init)
 
 
-def cvt_flops(spec: dict, h: int, w: int, num_classes: int = 1000, in_chans: int = 3) -> float:
-    """Multiply-adds x 2 of one image's forward (convs, linears, attention matmuls; not
-    norms/softmax/activations)."""
-    fl = 0.0
-    c_in = in_chans
-    for i in range(spec["NUM_STAGES"]):
-        k, s, p, c = spec["PATCH_SIZE"][i], spec["PATCH_STRIDE"][i], spec["PATCH_PADDING"][i], spec["DIM_EMBED"][i]
-        h, w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
-        fl += 2 * h * w * c * c_in * k * k
-        kq, sq, skv = spec["KERNEL_QKV"][i], spec["STRIDE_Q"][i], spec["STRIDE_KV"][i]
-        pq, pkv = spec["PADDING_Q"][i], spec["PADDING_KV"][i]
-        hq, wq = (h + 2 * pq - kq) // sq + 1, (w + 2 * pq - kq) // sq + 1
-        hk, wk = (h + 2 * pkv - kq) // skv + 1, (w + 2 * pkv - kq) // skv + 1
-        cls = 1 if spec["CLS_TOKEN"][i] else 0
-        tq, tk, t = hq * wq + cls, hk * wk + cls, h * w + cls
-        hidden = int(c * spec["MLP_RATIO"][i])
-        per_block = (2 * c * kq * kq * (hq * wq + 2 * hk * wk)       # depthwise q, k, v
-                     + 2 * c * c * (tq + 2 * tk)                      # proj_q, proj_k, proj_v
-                     + 2 * 2 * tq * tk * c                            # q k^T and attn v
-                     + 2 * c * c * t + 2 * 2 * t * c * hidden)        # proj, mlp
-        fl += spec["DEPTH"][i] * per_block
-        c_in = c
-    return fl + 2 * c_in * num_classes
+def cvt21(num_classes: int = 1000, in_chans: int = 3, drop_path_rate: float | None = None,
+          init: str = "trunc_norm") -> ConvolutionalVisionTransformer:
+    """CvT-21 (cvt-21-*.yaml): as ``cvt13`` with depths 1/4/16."""
+    return _cvt(CVT21_SPEC, num_classes, in_chans, drop_path_rate, init)
 
 
-__all__ = ["CVT13_SPEC", "ConvolutionalVisionTransformer", "VisionTransformer", "Block", "Attention", "Mlp",
-           "ConvEmbed", "LayerNorm", "QuickGELU", "DropPath", "cvt13", "cvt_flops", "drop_path", "drop_path_mask",
-           "layer_norm", "quick_gelu"]
+def cvtw24(num_classes: int = 1000, in_chans: int = 3, drop_path_rate: float | None = None,
+           init: str = "trunc_norm") -> ConvolutionalVisionTransformer:
+    """CvT-W24 (cvt-w24-384x384.yaml): dims 192/768/1024, heads 3/12/16, depths 2/2/20, stage
+    3's drop path 0.3."""
+    return _cvt(CVTW24_SPEC, num_classes, in_chans, drop_path_rate, init)
+
+
+__all__ = ["CVT13_SPEC", "CVT21_SPEC", "CVTW24_SPEC", "ConvolutionalVisionTransformer", "VisionTransformer", "Block",
+           "Attention", "Mlp", "ConvEmbed", "LayerNorm", "QuickGELU", "DropPath", "cvt13", "cvt21", "cvtw24",
+           "cvt_flops", "drop_path", "drop_path_mask", "layer_norm", "quick_gelu"]

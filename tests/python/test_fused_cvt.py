@@ -389,10 +389,10 @@ def test_fused_cvt_bad_dtype_and_device():
 
 def test_fused_cvt_from_reference_rejects_other_modules():
     from functools import partial
-    gelu = cvt.ConvolutionalVisionTransformer(act_layer=torch.nn.GELU, norm_layer=partial(cvt.LayerNorm, eps=1e-5),
+    relu = cvt.ConvolutionalVisionTransformer(act_layer=torch.nn.ReLU, norm_layer=partial(cvt.LayerNorm, eps=1e-5),
                                               spec=cvt.CVT13_SPEC)
-    with pytest.raises(ValueError, match="QuickGELU"):
-        FusedCvT.from_reference(gelu)
+    with pytest.raises(ValueError, match="mlp.act is ReLU; FusedCvT runs QuickGELU .* or nn.GELU"):
+        FusedCvT.from_reference(relu)  # (nn.GELU loads: tests/python/test_cvt_hf.py)
     with pytest.raises(TypeError, match="cutlass_ops.models.cvt model"):
         FusedCvT.from_reference(torch.nn.Linear(2, 2))
 
