@@ -26,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from cutlass_ops_gen import mlp_emit
+
 __all__ = ["KERNELS", "Nvrtc", "find_nvrtc", "library_candidates", "compile_cubin", "Module", "MISSING"]
 
 # The kernels by role, as name expressions NVRTC lowers to their mangled names.
@@ -55,6 +57,12 @@ def _torch_cuda_major() -> Optional[str]:
         return None
 
 
+def _is_libnvrtc(path: str) -> bool:
+    """libnvrtc itself, not its builtins library or its .alt. variant beside it."""
+    name = os.path.basename(path)
+    return "builtins" not in name and ".alt." not in name
+
+
 def library_candidates() -> list[tuple[str, list[str]]]:
     """(libnvrtc path, include folders) to try, in order: NVIDIA's pip wheels (those of torch's
     CUDA major version first), then the system CUDA's."""
@@ -67,8 +75,7 @@ def library_candidates() -> list[tuple[str, list[str]]]:
     for root in roots:
         includes += [d for d in sorted(glob.glob(os.path.join(root, "*", "include")))
                      if os.path.isfile(os.path.join(d, "cuda_fp16.h"))]
-        wheels += [p for p in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
-                   if "builtins" not in os.path.basename(p) and ".alt." not in os.path.basename(p)]
+        wheels += [p for p in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*"))) if _is_libnvrtc(p)]
     major = _torch_cuda_major()
     wheels.sort(key=lambda p: not (major and p.endswith(f".so.{major}")))
     out = [(p, sorted(includes, key=lambda d: os.path.dirname(d) != os.path.dirname(os.path.dirname(p))))
@@ -77,7 +84,7 @@ def library_candidates() -> list[tuple[str, list[str]]]:
         if home:
             for p in sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")) +
                             glob.glob(os.path.join(home, "targets", "*", "lib", "libnvrtc.so*"))):
-                if "builtins" not in os.path.basename(p) and ".alt." not in os.path.basename(p):
+                if _is_libnvrtc(p):
                     out.append((p, [os.path.join(home, "include")]))
     found = ctypes.util.find_library("nvrtc")
     if found:
@@ -240,7 +247,7 @@ class Module:
         self.sms = sms.value
         self.module = ctypes.c_void_p()
         self._check(drv.cuModuleLoadData(ctypes.byref(self.module), self.path.read_bytes()), "cuModuleLoadData")
-        self.threads = config.resident_warps * 32 if config.resident_warps else 128  # FMLP_THREADS
+        self.threads = config.resident_warps * 32 if config.resident_warps else mlp_emit.FMLP_THREADS
         smem = {"fwd_save": config.smem_fwd, "fwd": config.smem_fwd, "bwd": config.smem_bwd, "bwd_dw": config.smem_dw}
         threads = {"bwd_dw": config.dw_warps * 32}
         self.func, self.per_sm = {}, {}

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,9 @@ from .mlp_spec import MlpSpec, padded
 THREADS = 128
 WARPS = 4
 KERNEL_HEADER = Path(__file__).with_name("mlp_kernel.cuh")
+# A streamed-weights CTA's threads, as the header defines them (a launcher without the host
+# side, cutlass_ops.mlp_nvrtc, sizes its launches by it)
+FMLP_THREADS = int(re.search(r"^#define FMLP_THREADS (\d+)$", KERNEL_HEADER.read_text(), re.M).group(1))
 EMITTER_VERSION = 5  # bump when the emitted code changes in a way the header text does not show
 
 CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
