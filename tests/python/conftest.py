@@ -82,6 +82,9 @@ def _shard(config) -> tuple[int, int] | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # The long tests first (a stable sort: the rest keep their order): spread over pytest-xdist's
+    # workers from the start instead of trailing on a few workers after everything else is done.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     shard = _shard(config)
     if shard is None:
         return

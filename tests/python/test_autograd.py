@@ -214,6 +214,7 @@ def test_loss_curve_matches_the_reference():
     assert result["max_rel_diff"] < 1e-4, result["curves"]
 
 
+@pytest.mark.long
 def test_training_step_under_torch_compile():
     # The default (inductor) backend on the whole module, as users call it: the ops' fake
     # impls trace, the backward's ops (relu_backward, se_gate_backward) too.

@@ -255,6 +255,7 @@ def test_fused_cvt_all_paths_float64(mode):
     test_fused_cvt_gradients_float64(mode, ALL_ON)
 
 
+@pytest.mark.long
 def test_fused_cvt_all_paths_torch_compile_fullgraph():
     """With every fused kernel on (ALL_ON), FusedCvT compiles as one graph (the ops' fake impls;
     no trace-time work in the forward) and matches the reference, gradients included."""
@@ -268,6 +269,7 @@ def test_fused_cvt_all_paths_torch_compile_fullgraph():
     assert all(p.grad is not None for p in fused.parameters())
 
 
+@pytest.mark.long
 def test_fused_cvt_train_and_no_grad_torch_compile_fullgraph():
     """Train mode (BatchNorm batch statistics, drop path 0.1 in stage 3 as _drop_path's one
     multiply, from the same seed) and eval with autograd off (the dw_bn projections as one
