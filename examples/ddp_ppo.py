@@ -460,7 +460,7 @@ def train(args, rank, world, device) -> dict:
             timer.active = False
         batches = [load(args.steps + i) for i in range(min(args.throughput_steps, 4))]
         result.update(measure_throughput(lambda d: (fwd_bwd_step(d), optimizer_step()), batches,
-                                         args.throughput_steps, n * world, cuda, device))
+                                         args.throughput_steps, args.throughput_windows, n * world, cuda, device))
     if args.profile_steps and cuda:
         if timer is not None:
             timer.active = False
@@ -513,30 +513,35 @@ def gpu_timeline(step, batches, steps) -> dict:
     return {"per_rank": ranks}
 
 
-def measure_throughput(step, batches, steps, global_batch, cuda, device) -> dict:
-    """Training steps back to back, `steps` of them between two CUDA events (the host clock on
-    the CPU), every rank starting together after a barrier, the data already made (cycling through
-    `batches`); the slowest rank's time.  The per-step medians above synchronize the host before
-    each step and time from the step's start on rank 0, so on several ranks they also count the
-    wait for a rank that started later; this is the rate a training loop sustains."""
-    dist.barrier()
-    if cuda:
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        ev[0].record()
-    start = time.perf_counter()
-    for i in range(steps):
-        step(batches[i % len(batches)])
-    if cuda:
-        ev[1].record()
-        torch.cuda.synchronize()
-        ms = ev[0].elapsed_time(ev[1]) / steps
-    else:
-        ms = (time.perf_counter() - start) * 1e3 / steps
-    slowest = torch.tensor([ms], dtype=torch.float64, device=device if cuda else "cpu")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    ms = slowest.item()
-    return {"throughput_steps": steps, "throughput_step_ms": ms,
+def measure_throughput(step, batches, steps, windows, global_batch, cuda, device) -> dict:
+    """Training steps back to back, `windows` windows of `steps` each, every window between two
+    CUDA events (the host clock on the CPU), every rank starting it together after a barrier, the
+    data already made (cycling through `batches`); per window the slowest rank's time, and the
+    median window is the metric.  The per-step medians above synchronize the host before each step
+    and time from the step's start on rank 0, so on several ranks they also count the wait for a
+    rank that started later; this is the rate a training loop sustains.  Several windows, because
+    one short window of an H200 moved by 15% between launches of the same run."""
+    per_window = []
+    for _ in range(windows):
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+        start = time.perf_counter()
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        if cuda:
+            ev[1].record()
+            torch.cuda.synchronize()
+            ms = ev[0].elapsed_time(ev[1]) / steps
+        else:
+            ms = (time.perf_counter() - start) * 1e3 / steps
+        slowest = torch.tensor([ms], dtype=torch.float64, device=device if cuda else "cpu")
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        per_window.append(slowest.item())
+    ms = statistics.median(per_window)
+    return {"throughput_steps": steps, "throughput_windows_ms": per_window, "throughput_step_ms": ms,
             "throughput_samples_per_s": global_batch / (ms / 1e3)}
 
 
@@ -625,7 +630,9 @@ def parse_args(argv=None):
                         "+ 1e-3, tensors only)")
     p.add_argument("--throughput-steps", type=int, default=None, metavar="K",
                    help="after the logged steps, time K more back to back (barrier first, data made "
-                        "beforehand; the slowest rank's time): the throughput metric (default 30 on CUDA, 0 on the CPU)")
+                        "beforehand; the slowest rank's time): the throughput metric (default 50 on CUDA, 0 on the CPU)")
+    p.add_argument("--throughput-windows", type=int, default=5, metavar="W",
+                   help="time W such windows of K steps; the median window is the metric")
     p.add_argument("--profile-steps", type=int, default=0, metavar="K",
                    help="CUDA: profile K more steps back to back and split each step's GPU time into compute, "
                         "NCCL (exposed or beside compute) and idle, per rank")
@@ -659,7 +666,9 @@ def main(argv=None) -> int:
         raise SystemExit("--check-grads compares steps run outside a CUDA graph; --graph is checked by training: "
                          "its loss curve against eager's (tests/python/test_ddp.py, tests/gpu_ddp.sh)")
     if args.throughput_steps is None:
-        args.throughput_steps = 30 if device.type == "cuda" else 0
+        args.throughput_steps = 50 if device.type == "cuda" else 0
+    if args.throughput_windows < 1:
+        raise SystemExit(f"--throughput-windows {args.throughput_windows}: at least 1")
     args.data_chunk = math.gcd(args.batch, args.data_chunk)
     if args.no_ddp and world != 1:
         raise SystemExit("--no-ddp is the one-process baseline: world size 1")
@@ -749,8 +758,10 @@ def summarize(args, result) -> None:
     print(f"loss: step 0 {losses[0]:.5f}, step {len(losses) - 1} {losses[-1]:.5f}")
     print(f"step: median {result['median_step_ms']:.3f} ms ({result['samples_per_s']:.0f} samples/s global)")
     if "throughput_step_ms" in result:
+        windows = result["throughput_windows_ms"]
         print(f"throughput: {result['throughput_steps']} steps back to back, {result['throughput_step_ms']:.3f} ms "
-              f"a step ({result['throughput_samples_per_s']:.0f} samples/s global)")
+              f"a step ({result['throughput_samples_per_s']:.0f} samples/s global; median of {len(windows)} windows, "
+              f"{min(windows):.3f}-{max(windows):.3f} ms)")
     for rank, t in enumerate(result.get("gpu_timeline", {}).get("per_rank", [])):
         if "span_ms" not in t:
             print(f"GPU timeline rank {rank}: the profiler saw no kernels")

@@ -8,12 +8,35 @@ loss curves of 2 GPUs vs 1 GPU on the same global batch overlaid in a PNG.
 
 Run names (file stems): <model>_<mode>_<gpus>gpu[_samebatch], e.g. fused_eager_2gpu,
 fused_eager_1gpu (N per GPU: the throughput baseline) and fused_eager_1gpu_samebatch (2N on
-one GPU: the loss-curve baseline).
+one GPU: the loss-curve baseline).  Runs launched in rounds carry _round<k> before _<gpus>gpu:
+each is compared with its own round's 1-GPU run, and a row per configuration gives the speedup of
+every round and their median (`speedup_median`, the figure to quote).
 """
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
+
+
+def rounds_summary(rows: list) -> list:
+    """One row per configuration run in rounds: each round's speedup (against that round's 1-GPU
+    run) and their median."""
+    groups = {}
+    for row in rows:
+        m = re.fullmatch(r"(.*)_round([0-9]+)", row["run"])
+        if m and "speedup" in row:
+            groups.setdefault(m.group(1), []).append((int(m.group(2)), row))
+    out = []
+    for stem, members in sorted(groups.items()):
+        members.sort(key=lambda t: t[0])
+        speedups = [r["speedup"] for _, r in members]
+        median = statistics.median(speedups)
+        out.append({"run": stem, "rounds": [k for k, _ in members], "speedup_rounds": speedups,
+                    "speedup_median": median, "meets_1.9x": median >= 1.9,
+                    "throughput_step_ms_2gpu_rounds": [r.get("throughput_step_ms_2gpu") for _, r in members],
+                    "throughput_step_ms_1gpu_rounds": [r.get("throughput_step_ms_1gpu") for _, r in members]})
+    return out
 
 
 def main(folder: str) -> int:
@@ -60,6 +83,7 @@ def main(folder: str) -> int:
             row["max_rel_loss_diff_vs_1gpu_same_global_batch"] = max(
                 abs(a - b) / max(abs(b), 1e-12) for a, b in zip(two["losses"], same["losses"]))
         rows.append(row)
+    rows += rounds_summary(rows)
     for row in rows:
         print(json.dumps(row))
     (root / "summary.json").write_text(json.dumps(rows, indent=1))
@@ -70,7 +94,8 @@ def main(folder: str) -> int:
     except ImportError:
         print("no matplotlib: no PNG")
         return 0
-    curves = [(r["run"], runs[r["run"] + "_2gpu"], runs.get(r["run"] + "_1gpu_samebatch")) for r in rows]
+    curves = [(r["run"], runs[r["run"] + "_2gpu"], runs.get(r["run"] + "_1gpu_samebatch")) for r in rows
+              if r["run"] + "_2gpu" in runs]
     curves = [c for c in curves if c[2]]
     if curves:
         fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)

@@ -96,7 +96,7 @@ CPU_RUNS = {  # started together (the 2-core CI machine runs them side by side),
     "ignored": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--check-steps", 1,
                 "--ignore-param", "encoder.layers.2.0.fixup_scale"),
     "train2": (2, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
-               "--batch", 2, "--bucket-cap-mb", 0.05, "--throughput-steps", 2),
+               "--batch", 2, "--bucket-cap-mb", 0.05, "--throughput-steps", 2, "--throughput-windows", 3),
     "train1": (1, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
                "--batch", 4),
 }
@@ -162,8 +162,11 @@ def test_two_ranks_train_like_one_rank_on_the_same_global_batch(cpu_runs):
     assert len(two["losses"]) == 3 and len(set(two["losses"])) == 3  # it trains: the loss changes
     for a, b in zip(two["losses"], one["losses"]):
         assert abs(a - b) <= 1e-5 * abs(b), (two["losses"], one["losses"])
-    # the throughput metric: steps back to back after the logged ones, the slowest rank's time
+    # the throughput metric: steps back to back after the logged ones, the slowest rank's time, the
+    # median of the windows
     assert two["throughput_steps"] == 2 and two["throughput_step_ms"] > 0
+    assert len(two["throughput_windows_ms"]) == 3
+    assert two["throughput_step_ms"] == sorted(two["throughput_windows_ms"])[1]
     assert two["throughput_samples_per_s"] == pytest.approx(4 / (two["throughput_step_ms"] / 1e3))
     assert "throughput_step_ms" not in one  # off on the CPU unless asked for
     comm = two["comm_last_step"]
@@ -241,6 +244,33 @@ def test_gpu_timeline_sums_the_union_of_intervals():
     assert example.union_ms([]) == 0.0
     assert example.union_ms([(0, 1000), (500, 1500), (2000, 2500)]) == 2.0
     assert example.union_ms([(1000, 2000), (0, 3000), (2500, 2600)]) == 3.0
+
+
+def test_report_compares_each_round_with_its_own_baseline(tmp_path):
+    """ddp_ppo_report.py: a 2-GPU run of round k against round k's 1-GPU run (the bucket size left
+    out of the baseline's name), and the median over the rounds."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddp_ppo_report", EXAMPLE.parent / "ddp_ppo_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    def write(name, ms, world):
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "losses": [1.0], "median_step_ms": ms, "samples_per_s": 8 * world / ms,
+            "throughput_step_ms": ms, "throughput_samples_per_s": 8 * world / ms}))
+
+    one = [4.0, 5.0, 3.0]  # the 1-GPU run of each round: a slower machine in round 2
+    two = [4.4, 5.0, 3.3]  # speedups 2 * 4.0/4.4, 2.0, 2 * 3.0/3.3
+    for k in range(3):
+        write(f"fused_graph_n8_round{k + 1}_1gpu", one[k], 1)
+        write(f"fused_graph_bucket8mb_n8_round{k + 1}_2gpu", two[k], 2)
+    assert report.main(str(tmp_path)) == 0
+    rows = {r["run"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
+    assert rows["fused_graph_bucket8mb_n8_round2"]["baseline_1gpu"] == "fused_graph_n8_round2_1gpu"
+    summary = rows["fused_graph_bucket8mb_n8"]
+    assert summary["rounds"] == [1, 2, 3]
+    assert summary["speedup_rounds"] == pytest.approx([2 * 4.0 / 4.4, 2.0, 2 * 3.0 / 3.3])
+    assert summary["speedup_median"] == pytest.approx(2 * 4.0 / 4.4) and not summary["meets_1.9x"]
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a GPU (and a CUDA build)")
