@@ -278,10 +278,12 @@ __device__ __forceinline__ void conv3x3(float (&acc0)[32], float (&acc1)[32], fl
   for (int i = 0; i < 32; ++i) acc0[i] = acc1[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc2[i] = 0.f;
-  wgmma_fence();
+  // (CUTLASS's order: the zeroing is pinned before wgmma.fence, which orders these register
+  // writes before the wgmma that accumulate into them.)
   fence_operands(acc0);
   fence_operands(acc1);
   fence_operands(acc2);
+  wgmma_fence();
   const uint32_t a0 = map + (wg * 128) * 128, a1 = a0 + 64 * 128, a2 = map + kTile4Q0 * 128;
   const uint32_t b_half = w + (wg * 32) * 128;
 #pragma unroll
