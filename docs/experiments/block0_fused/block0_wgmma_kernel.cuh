@@ -89,9 +89,9 @@
 // A wgmma m64n64k16 with both operands in shared memory reads 2 KB of A and 2 KB of B for
 // 65536 MACs: 128 B/clk at the tensor cores' dense rate (~2048 fp16 MAC/clk/SM), i.e. at
 // shared memory's 128 B/clk; the fifth tile's two n32 halves read its A twice.  Per image
-// 2 convs x 36 k16 steps x 22 KB = 1.58 MB of operand reads, ~12400 clk (~6.8 us at
-// 1.83 GHz) if the shared-memory pipe is the limit, against ~13800 clk estimated (~15.3 us
-// measured) for the mma.sync kernel's ldmatrix traffic.
+// 2 convs x 36 k16 steps x 22 KB = 1.58 MB of operand reads, ~12700 clk (~6.9 us at
+// 1.83 GHz) if the shared-memory pipe is the limit, against ~13800 clk estimated the same
+// way (15.3 us measured an image) for the mma.sync kernel's ldmatrix traffic.
 #pragma once
 
 #include <cuda_fp16.h>
