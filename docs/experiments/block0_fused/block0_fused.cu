@@ -1,11 +1,13 @@
-// Torch extension entry point for the block-0 fused kernel (block0_fused_kernel.cuh).
-// Built by run.py with torch.utils.cpp_extension.load; the kernel header has no torch
-// dependency, so it can also be compile-checked alone (see README.md).
+// Torch extension entry points for the block-0 fused kernels: `forward` runs the mma.sync
+// kernel (block0_fused_kernel.cuh), `forward_wgmma` the wgmma one (block0_wgmma_kernel.cuh,
+// sm_90a only).  Built by run.py with torch.utils.cpp_extension.load; the kernel headers
+// have no torch dependency, so they can also be compile-checked alone (see README.md).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
 #include "block0_fused_kernel.cuh"
+#include "block0_wgmma_kernel.cuh"
 
 namespace {
 
@@ -23,16 +25,21 @@ void check_f32(const torch::Tensor& t, const char* name, std::vector<int64_t> sh
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-}  // namespace
+// Arguments as both kernels take them: checked, the weights as KRSC, the output tensor.
+struct Block0Args {
+  torch::Tensor x, w1k, w2k, out;
+  int n = 0, sms = 0, smem_optin = 0;
+};
 
 // x: (N, 64, 16, 16) fp16 channels_last (NHWC in memory); w1, w2: (64, 64, 3, 3) fp16 (any
 // layout: taken as channels_last, a no-op for FusedResNet's weights); FixUp scalars and SE
 // weights float32.  `out`, when given, is written (a (N, 64, 16, 16) fp16 channels_last
 // tensor); else a new one is returned.
-torch::Tensor block0_forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2, torch::Tensor b1a,
-                             torch::Tensor b1b, torch::Tensor b2a, torch::Tensor scale, torch::Tensor b2b,
-                             torch::Tensor fc1_w, torch::Tensor fc1_b, torch::Tensor fc2_w,
-                             torch::Tensor fc2_b, c10::optional<torch::Tensor> out_opt) {
+Block0Args check_args(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2,
+                      const torch::Tensor& b1a, const torch::Tensor& b1b, const torch::Tensor& b2a,
+                      const torch::Tensor& scale, const torch::Tensor& b2b, const torch::Tensor& fc1_w,
+                      const torch::Tensor& fc1_b, const torch::Tensor& fc2_w, const torch::Tensor& fc2_b,
+                      const c10::optional<torch::Tensor>& out_opt) {
   using namespace block0;
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kHalf && x.dim() == 4 && x.size(1) == kC &&
                   x.size(2) == kH && x.size(3) == kW,
@@ -52,43 +59,40 @@ torch::Tensor block0_forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2
   check_f32(fc2_w, "fc2 weight", {kC, kHidden});
   check_f32(fc2_b, "fc2 bias", {kC});
 
-  const c10::cuda::CUDAGuard guard(x.device());
+  Block0Args a;
+  a.x = x;
   // KRSC: channels_last of (K, C, R, S); a view when the weight is channels_last already.
-  auto w1k = w1.permute({0, 2, 3, 1}).contiguous();
-  auto w2k = w2.permute({0, 2, 3, 1}).contiguous();
-
-  torch::Tensor out;
+  a.w1k = w1.permute({0, 2, 3, 1}).contiguous();
+  a.w2k = w2.permute({0, 2, 3, 1}).contiguous();
   if (out_opt.has_value()) {
-    out = *out_opt;
-    TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == torch::kHalf && out.device() == x.device() &&
-                    out.is_contiguous(at::MemoryFormat::ChannelsLast),
+    a.out = *out_opt;
+    TORCH_CHECK(a.out.sizes() == x.sizes() && a.out.scalar_type() == torch::kHalf && a.out.device() == x.device() &&
+                    a.out.is_contiguous(at::MemoryFormat::ChannelsLast),
                 "block0_fused: out must be like x (float16, channels_last)");
   } else {
-    out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
+    a.out = torch::empty_like(x, x.options(), at::MemoryFormat::ChannelsLast);
   }
-  const int n = static_cast<int>(x.size(0));
-  if (n == 0) return out;
-  TORCH_CHECK(aligned16(x.data_ptr()) && aligned16(out.data_ptr()) && aligned16(w1k.data_ptr()) &&
-                  aligned16(w2k.data_ptr()),
+  a.n = static_cast<int>(x.size(0));
+  if (a.n == 0) return a;
+  TORCH_CHECK(aligned16(x.data_ptr()) && aligned16(a.out.data_ptr()) && aligned16(a.w1k.data_ptr()) &&
+                  aligned16(a.w2k.data_ptr()),
               "block0_fused: x, out and the weights must be 16-byte aligned");
+  const int dev = x.get_device();
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&a.sms, cudaDevAttrMultiProcessorCount, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&a.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return a;
+}
 
-  int dev = x.get_device(), sms = 0, smem_optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  TORCH_CHECK(smem_optin >= kSmemBytes, "block0_fused: needs ", kSmemBytes,
-              " bytes of shared memory per block, this GPU allows ", smem_optin, " (an sm_90 part has 232448)");
-  static bool attribute_set = false;  // (one device per process is enough for the experiment)
-  if (!attribute_set) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(block0_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        kSmemBytes));
-    attribute_set = true;
-  }
-
-  Params p;
-  p.x = reinterpret_cast<const __half*>(x.data_ptr<at::Half>());
-  p.out = reinterpret_cast<__half*>(out.data_ptr<at::Half>());
-  p.w1 = reinterpret_cast<const __half*>(w1k.data_ptr<at::Half>());
-  p.w2 = reinterpret_cast<const __half*>(w2k.data_ptr<at::Half>());
+// The kernels' Params share these fields.
+template <class P>
+void fill_params(P& p, const Block0Args& a, const torch::Tensor& b1a, const torch::Tensor& b1b,
+                 const torch::Tensor& b2a, const torch::Tensor& scale, const torch::Tensor& b2b,
+                 const torch::Tensor& fc1_w, const torch::Tensor& fc1_b, const torch::Tensor& fc2_w,
+                 const torch::Tensor& fc2_b) {
+  p.x = reinterpret_cast<const __half*>(a.x.data_ptr<at::Half>());
+  p.out = reinterpret_cast<__half*>(a.out.data_ptr<at::Half>());
+  p.w1 = reinterpret_cast<const __half*>(a.w1k.data_ptr<at::Half>());
+  p.w2 = reinterpret_cast<const __half*>(a.w2k.data_ptr<at::Half>());
   p.b1a = b1a.data_ptr<float>();
   p.b1b = b1b.data_ptr<float>();
   p.b2a = b2a.data_ptr<float>();
@@ -98,11 +102,68 @@ torch::Tensor block0_forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2
   p.fc1_b = fc1_b.data_ptr<float>();
   p.fc2_w = fc2_w.data_ptr<float>();
   p.fc2_b = fc2_b.data_ptr<float>();
-  p.n = n;
-  const int grid = n < sms ? n : sms;  // persistent: one CTA per SM, each loops over images
+  p.n = a.n;
+}
+
+}  // namespace
+
+torch::Tensor block0_forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2, torch::Tensor b1a,
+                             torch::Tensor b1b, torch::Tensor b2a, torch::Tensor scale, torch::Tensor b2b,
+                             torch::Tensor fc1_w, torch::Tensor fc1_b, torch::Tensor fc2_w,
+                             torch::Tensor fc2_b, c10::optional<torch::Tensor> out_opt) {
+  using namespace block0;
+  const c10::cuda::CUDAGuard guard(x.device());
+  Block0Args a = check_args(x, w1, w2, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b, out_opt);
+  if (a.n == 0) return a.out;
+  TORCH_CHECK(a.smem_optin >= kSmemBytes, "block0_fused: needs ", kSmemBytes,
+              " bytes of shared memory per block, this GPU allows ", a.smem_optin, " (an sm_90 part has 232448)");
+  static bool attribute_set = false;  // (one device per process is enough for the experiment)
+  if (!attribute_set) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(block0_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kSmemBytes));
+    attribute_set = true;
+  }
+  Params p;
+  fill_params(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
+  const int grid = a.n < a.sms ? a.n : a.sms;  // persistent: one CTA per SM, each loops over images
   block0_fused_kernel<<<grid, kThreads, kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+  return a.out;
+}
+
+// The wgmma kernel, same arguments.  `desc_base_offset_mode` (default 0, the design) selects
+// what the wgmma descriptors' base-offset field holds: 0, or 1 for (start >> 7) & 7 (see
+// block0_wgmma_kernel.cuh); run.py uses 1 only to diagnose a failure of 0.
+torch::Tensor block0_forward_wgmma(torch::Tensor x, torch::Tensor w1, torch::Tensor w2, torch::Tensor b1a,
+                                   torch::Tensor b1b, torch::Tensor b2a, torch::Tensor scale, torch::Tensor b2b,
+                                   torch::Tensor fc1_w, torch::Tensor fc1_b, torch::Tensor fc2_w,
+                                   torch::Tensor fc2_b, c10::optional<torch::Tensor> out_opt,
+                                   int64_t desc_base_offset_mode) {
+  using namespace block0_wgmma;
+  const c10::cuda::CUDAGuard guard(x.device());
+  Block0Args a = check_args(x, w1, w2, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b, out_opt);
+  if (a.n == 0) return a.out;
+  const auto* prop = at::cuda::getDeviceProperties(x.get_device());
+  TORCH_CHECK(prop->major == 9 && prop->minor == 0,
+              "block0_fused: forward_wgmma needs an sm_90 GPU (wgmma, built for sm_90a), this is sm_",
+              prop->major, prop->minor);
+  TORCH_CHECK(a.smem_optin >= kSmemBytes, "block0_fused: forward_wgmma needs ", kSmemBytes,
+              " bytes of shared memory per block, this GPU allows ", a.smem_optin);
+  TORCH_CHECK(desc_base_offset_mode == 0 || desc_base_offset_mode == 1,
+              "block0_fused: desc_base_offset_mode must be 0 or 1");
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(block0_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kSmemBytes));
+    attribute_set = true;
+  }
+  Params p;
+  fill_params(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
+  p.desc_base_offset_mode = static_cast<int>(desc_base_offset_mode);
+  const int grid = a.n < a.sms ? a.n : a.sms;
+  block0_wgmma_kernel<<<grid, kThreads, kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return a.out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -110,5 +171,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("w1"), py::arg("w2"), py::arg("b1a"), py::arg("b1b"), py::arg("b2a"),
         py::arg("scale"), py::arg("b2b"), py::arg("fc1_w"), py::arg("fc1_b"), py::arg("fc2_w"),
         py::arg("fc2_b"), py::arg("out") = py::none());
+  m.def("forward_wgmma", &block0_forward_wgmma,
+        "SE-ResNet9-FixUp block 0 as one wgmma kernel (fp16 NHWC, sm_90a)", py::arg("x"), py::arg("w1"),
+        py::arg("w2"), py::arg("b1a"), py::arg("b1b"), py::arg("b2a"), py::arg("scale"), py::arg("b2b"),
+        py::arg("fc1_w"), py::arg("fc1_b"), py::arg("fc2_w"), py::arg("fc2_b"), py::arg("out") = py::none(),
+        py::arg("desc_base_offset_mode") = 0);
   m.attr("smem_bytes") = block0::kSmemBytes;
+  m.attr("wgmma_smem_bytes") = block0_wgmma::kSmemBytes;
 }

@@ -2,18 +2,25 @@
 
     python docs/experiments/block0_fused/run.py            # needs an sm_90 GPU and cutlass_ops
 
+Two kernels: the mma.sync one (`forward`, block0_fused_kernel.cuh) and the wgmma one
+(`forward_wgmma`, block0_wgmma_kernel.cuh).
 1. Builds block0_fused.cu as a torch extension (build directory under /tmp).
 2. Correctness, N = 1, 3, 127, 128, 2048: a SEFixupBasicBlock(64, 64) from cutlass_ops.models
    with random weights, non-zero FixUp scalars and SE weights (a seeded torch.Generator) is
-   the reference, run in float64 on the GPU.  The fused kernel writes into a NaN-poisoned
+   the reference, run in float64 on the GPU.  Each fused kernel writes into a NaN-poisoned
    buffer; it passes when ||out - ref|| / ||ref|| <= 2x PyTorch's own fp16 error (the same
-   block in fp16, channels_last, against float64) and every output is finite.
+   block in fp16, channels_last, against float64) and every output is finite.  The wgmma
+   kernel is checked after the mma.sync one, on inputs of its own seeded generator.  When the
+   wgmma kernel fails, it is run once more with the other reading of the wgmma descriptor's
+   base-offset field (desc_base_offset_mode=1, see block0_wgmma_kernel.cuh) and that result
+   printed (a diagnosis; the run still fails).
 3. Timing, N = 128, 512, 2048 (a CUDA graph of 20 calls, median of 10 replays, CUDA events):
-   the fused kernel; FusedResNet's block-0 path (conv2d_fused, conv2d_fused, se_gate: the
+   both fused kernels; FusedResNet's block-0 path (conv2d_fused, conv2d_fused, se_gate: the
    ops and arguments FusedResNet._fused_ops passes for block 0; with the pooled map
    block 1's downsample reads, as in the model, and without); PyTorch eager fp16
    channels_last.  Bound = max(compulsory bytes / HBM bandwidth, FLOPs / 0.99e15).
-4. Writes results.json (beside this file unless --out) and exits 1 if a check failed.
+4. Writes results.json (beside this file unless --out) and exits 1 if a check of either
+   kernel failed.
 """
 from __future__ import annotations
 
@@ -108,6 +115,10 @@ class Variants:
         return ext.forward(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
                            *self.fc, out)
 
+    def fused_wgmma(self, ext, x, out=None, desc_base_offset_mode: int = 0):
+        return ext.forward_wgmma(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
+                                 *self.fc, out, desc_base_offset_mode)
+
     def fusedresnet_path(self, xa, pooled: bool):
         """FusedResNet._fused_ops for block 0: the stem hands over xa = x + b1a; identity is
         xa + (-b1a) in se_gate; se_gate adds block 1's b1a and writes block 1's pooled map."""
@@ -128,6 +139,28 @@ def make_input(n: int, gen: torch.Generator) -> torch.Tensor:
     # Like the stem's output (a ReLU): non-negative, about half zeros.
     x = torch.randn(n, C, H, W, generator=gen).relu_()
     return x.to("cuda", torch.float16).contiguous(memory_format=torch.channels_last)
+
+
+def check_wgmma(ext, v: Variants, x: torch.Tensor, ref: torch.Tensor, torch_err: float,
+                mode: int = 0, label: str = "wgmma") -> dict:
+    """The wgmma kernel on x against ref; the same criterion as the mma.sync kernel's."""
+    n = x.shape[0]
+    row = {"n": n, "torch_fp16_err": torch_err, "desc_base_offset_mode": mode}
+    try:
+        with torch.no_grad():
+            out = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
+            v.fused_wgmma(ext, x, out, mode)
+            torch.cuda.synchronize()
+        row["finite"] = bool(torch.isfinite(out).all())
+        row["fused_err"] = rel_err(out, ref)
+        row["passed"] = row["finite"] and row["fused_err"] <= 2 * torch_err
+        msg = (f"{label} err {row['fused_err']:.3e}  torch fp16 err {torch_err:.3e}  bound {2 * torch_err:.3e}  "
+               f"finite {row['finite']}  -> {'ok' if row['passed'] else 'FAIL'}")
+    except Exception as e:  # noqa: BLE001 (not an sm_90 GPU, or the kernel faulted)
+        row.update(error=f"{type(e).__name__}: {e}", passed=False)
+        msg = f"{label} unavailable: {row['error']}  -> FAIL"
+    print(f"N={n:5d}  {msg}")
+    return row
 
 
 def check(ext, v: Variants, gen: torch.Generator, sizes) -> list[dict]:
@@ -157,6 +190,28 @@ def check(ext, v: Variants, gen: torch.Generator, sizes) -> list[dict]:
     return rows
 
 
+def check_wgmma_sizes(ext, v: Variants, seed: int, sizes, mode: int = 0, label: str = "wgmma") -> list[dict]:
+    """The wgmma kernel at each N, on inputs of its own generator (so the mma.sync kernel's
+    checks and the timing see the same inputs as without it)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = []
+    for n in sizes:
+        x = make_input(n, gen)
+        with torch.no_grad():
+            ref = v.ref64(x.double())
+            torch_err = rel_err(v.ref16(x), ref)
+        rows.append(check_wgmma(ext, v, x, ref, torch_err, mode, label))
+    return rows
+
+
+def diagnose_wgmma(ext, v: Variants, seed: int) -> list[dict]:
+    """After a failure of the wgmma kernel: N = 3 and 2048 with the descriptors' base-offset
+    field = (start >> 7) & 7 instead of 0.  Passing here says the hardware reads that field
+    as the swizzle phase of the matrix start, not of the swizzle pattern's start."""
+    print("(diagnosis: the wgmma kernel with desc_base_offset_mode=1)")
+    return check_wgmma_sizes(ext, v, seed, [3, 2048], mode=1, label="wgmma base_offset=(start>>7)&7")
+
+
 def time_graph(fn, calls: int = 20, replays: int = 10) -> float:
     """Seconds per call: a CUDA graph of `calls` calls, median over `replays` replays."""
     side = torch.cuda.Stream()
@@ -182,7 +237,7 @@ def time_graph(fn, calls: int = 20, replays: int = 10) -> float:
     return statistics.median(times)
 
 
-def bench(ext, v: Variants, gen: torch.Generator, sizes, hbm: float) -> list[dict]:
+def bench(ext, v: Variants, gen: torch.Generator, sizes, hbm: float, wgmma_ok: bool = True) -> list[dict]:
     rows = []
     print(f"\n{'N':>5} {'implementation':<40} {'us':>9} {'TFLOP/s':>8} {'GB/s':>7} {'of bound':>8}")
     for n in sizes:
@@ -192,6 +247,8 @@ def bench(ext, v: Variants, gen: torch.Generator, sizes, hbm: float) -> list[dic
         nbytes = 2 * n * H * W * C * 2                     # input once, output once (fp16)
         bound = max(nbytes / hbm, flops / FLOP_PEAK)
         impls = [("fused (1 kernel)", lambda: v.fused(ext, x)),
+                 ("fused wgmma (1 kernel)" + ("" if wgmma_ok else ", check FAILED"),
+                  lambda: v.fused_wgmma(ext, x)),
                  ("FusedResNet block 0 (3 kernels, +pooled)", lambda: v.fusedresnet_path(xa, True)),
                  ("FusedResNet ops, no pooled map", lambda: v.fusedresnet_path(xa, False)),
                  ("PyTorch eager fp16 channels_last", lambda: v.ref16(x))]
@@ -218,16 +275,20 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("block0_fused: needs a CUDA GPU (sm_90: the kernel takes 215600 bytes of shared memory)")
+        print("block0_fused: needs a CUDA GPU (sm_90: the kernels take 215600 and 231456 bytes of shared memory)")
         return 2
     name = torch.cuda.get_device_name()
     hbm = next((bw for key, bw in HBM.items() if key in name), HBM["H100"])
     ext = build_extension()
     gen = torch.Generator().manual_seed(args.seed)
     v = Variants(make_block(gen))
-    print(f"{name}: torch {torch.__version__}, CUDA {torch.version.cuda}, smem {ext.smem_bytes} B/CTA")
+    print(f"{name}: torch {torch.__version__}, CUDA {torch.version.cuda}, smem {ext.smem_bytes} B/CTA "
+          f"(wgmma kernel {ext.wgmma_smem_bytes} B/CTA)")
     correctness = check(ext, v, gen, [1, 3, 127, 128, 2048])
-    timing = [] if args.skip_timing else bench(ext, v, gen, [128, 512, 2048], hbm)
+    correctness_wgmma = check_wgmma_sizes(ext, v, args.seed, [1, 3, 127, 128, 2048])
+    ok_wgmma = all(r["passed"] for r in correctness_wgmma)
+    diagnosis = None if ok_wgmma else diagnose_wgmma(ext, v, args.seed)
+    timing = [] if args.skip_timing else bench(ext, v, gen, [128, 512, 2048], hbm, ok_wgmma)
     try:
         import cutlass_ops
         cutlass_version = getattr(cutlass_ops, "__version__", "?")
@@ -237,12 +298,15 @@ def main() -> int:
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version(), "cutlass_ops": cutlass_version,
               "hbm_bytes_per_s": hbm, "flop_peak": FLOP_PEAK, "smem_bytes": ext.smem_bytes,
-              "correctness": correctness, "timing": timing}
+              "wgmma_smem_bytes": ext.wgmma_smem_bytes, "correctness": correctness,
+              "correctness_wgmma": correctness_wgmma, "wgmma_base_offset_diagnosis": diagnosis,
+              "timing": timing}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")
     ok = all(r["passed"] for r in correctness)
     print("correctness: " + ("all passed" if ok else "FAILED"))
-    return 0 if ok else 1
+    print("correctness (wgmma kernel): " + ("all passed" if ok_wgmma else "FAILED"))
+    return 0 if ok and ok_wgmma else 1
 
 
 if __name__ == "__main__":
