@@ -163,7 +163,11 @@ def grads_of(fn, tensors, wants, grad_outs, work=None, device=None):
     with torch.enable_grad():
         outs = fn(*leaves)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        pairs = [(o, g) for o, g in zip(outs, grad_outs) if o is not None and g is not None]
+        # an output that needs no gradient (it depends on none of the wanted tensors: the sum
+        # x + residual when only the LayerNorm's bias is wanted) contributes nothing; autograd.grad
+        # would reject it.  An op whose output is disconnected where the reference's is not
+        # still fails: its gradients come out missing or wrong (check_grads).
+        pairs = [(o, g) for o, g in zip(outs, grad_outs) if o is not None and g is not None and o.requires_grad]
         wanted = [x for x, want in zip(leaves, wants) if x is not None and want]
         found = torch.autograd.grad([o for o, _ in pairs], wanted,
                                     [g.to(device=o.device, dtype=o.dtype) for o, g in pairs],
