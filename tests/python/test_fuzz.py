@@ -17,7 +17,10 @@ few units of the dtype's rounding: the op may be no less accurate than PyTorch. 
 results are float32 sums (the weight gradients) are held to float32 bounds.  NaN/Inf: where
 float64 has a NaN, so must the op; an Inf must stay the same Inf (or be NaN where PyTorch's
 own result is NaN); a finite reference must give a finite result unless PyTorch's own result
-is not finite there either.  A shape no kernel covers takes the ATen path (its one-time
+is not finite there either.  A padded conv's weight gradient meets NaN/Inf in its output
+gradient at the zero padding: multiplied in (F.conv2d's float64 backward: NaN) or skipped (a
+finite sum of the real products; some cuDNN and oneDNN algorithms): both are admissible, and
+the reference that skips it (_fuzz.conv2d_taps) checks a finite result's value.  A shape no kernel covers takes the ATen path (its one-time
 warning is allowed) and is held to the same bounds.
 
 Backward: each op's autograd formula (its backward kernels: relu_backward, conv2d_dgrad /
