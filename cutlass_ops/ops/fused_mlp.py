@@ -162,10 +162,13 @@ def _layer_views(key: str, db, dw) -> tuple[list, list]:
 
 def _report_path(op: str, x: torch.Tensor) -> None:
     """The path report of a CUDA call (cutlass_ops.paths): the kernel takes float16/bfloat16;
-    other dtypes run the same math as torch ops (correct, not fused): a fallback."""
+    other dtypes run the same math as torch ops (correct, not fused): a fallback.  No rows:
+    "empty" (nothing to compute)."""
     if not paths.recording(x):
         return
-    if x.dtype in CUDA_DTYPES:
+    if x.shape[0] == 0:
+        paths.record(op, paths.EMPTY)
+    elif x.dtype in CUDA_DTYPES:
         paths.record(op)
     else:
         paths.fallback(op, f"{str(x.dtype).replace('torch.', '')} input (the kernel takes float16/bfloat16; "
@@ -340,6 +343,7 @@ class _FusedMLPFunction(torch.autograd.Function):
         L = len(spec.layers)
         x, weights, saved = ctx.saved_tensors[0], ctx.saved_tensors[1:1 + L], ctx.saved_tensors[1 + L:]
         need_dx = ctx.needs_input_grad[0]
+        _report_path("fused_mlp_backward", x)  # as the op's CUDA impl reports it
         fused_dw = _fused_weight_grads(key, x)
         dx, dzs, db, dw = launch_backward(key, grad_y.contiguous(), x, weights, saved, need_dx, fused_dw)
         # one cast each for every layer's bias and (fused) weight gradients, then views

@@ -8,6 +8,7 @@ import os
 import random
 
 import torch
+import torch.nn.functional as F
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # A few units of the dtype's rounding (relative to max |ref|): the output's own rounding.
@@ -61,7 +62,10 @@ def _finite_err(out, ref):
 
 def compare(what, out, ref, own, dtype, slack=1.0, alt=None):
     """out (the op), ref (float64), own (PyTorch in the same dtype, or None: float32-sum
-    bounds), all on the CPU in float64.  Returns a failure message or None."""
+    bounds), all on the CPU in float64.  alt: another admissible result, or a list of them
+    (None entries skipped), whose NaN/Inf classes are accepted too: PyTorch in float32, or the
+    float64 reference computed with a conv's zero padding multiplied in (conv2d_taps).
+    Returns a failure message or None."""
     out, ref = d64(out), d64(ref)
     if tuple(out.shape) != tuple(ref.shape):
         return f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
@@ -76,8 +80,9 @@ def compare(what, out, ref, own, dtype, slack=1.0, alt=None):
     ok = cls(out) == cls(ref)
     if own is not None:
         ok |= cls(out) == cls(own)
-    if alt is not None:  # PyTorch in float32, as the ops' CPU paths compute 16-bit inputs
-        ok |= cls(out) == cls(d64(alt))
+    for a in (alt if isinstance(alt, (list, tuple)) else [alt]):
+        if a is not None:
+            ok |= cls(out) == cls(d64(a))
     if not ok.all():
         i = tuple((~ok).nonzero()[0].tolist())
         theirs = f", PyTorch's own {own[i].item()}" if own is not None else ""
@@ -135,6 +140,46 @@ def _relayout(t, device, layout):
     return storage[3:].view(t.shape)
 
 
+# ---- a conv with its zero padding left out of the sums ------------------------------------
+
+def conv2d_taps(x, w, stride, pad, groups=1):
+    """F.conv2d(x, w, None, stride, pad, 1, groups) (groups 1, or depthwise: groups = C, w
+    (C, 1, R, S)) as a sum over the kernel's taps, each tap's products taken only at the output
+    positions whose input position lies inside the image: the zero padding is left out of the
+    sums rather than multiplied in.  The value is F.conv2d's; the gradients differ where a
+    NaN/Inf output gradient meets the padding: F.conv2d's weight gradient multiplies it by an
+    explicit zero (0 * NaN = NaN; ATen's float64, and cuDNN's fp16 NCHW wgrad on an H200), while
+    an implementation that skips the padding (cuDNN's fp16 channels_last wgrad there, the CPU's
+    channels_last conv) sums only real products and stays finite, as here.  Both are the same function's derivative
+    in exact arithmetic; the checks accept either NaN/Inf class (autograd_case's exact_fn)."""
+    n, _, h, wd = x.shape
+    k, _, r_, s_ = w.shape
+    (sh, sw), (ph, pw) = ((stride, stride) if isinstance(stride, int) else stride,
+                          (pad, pad) if isinstance(pad, int) else pad)
+    p, q = (h + 2 * ph - r_) // sh + 1, (wd + 2 * pw - s_) // sw + 1
+    # empty sums (0): y depends on x and w for autograd even where no output reads the image
+    y = x.new_zeros((n, k, p, q)) + (x.reshape(-1)[:0].sum() + w.reshape(-1)[:0].sum())
+    for r in range(r_):
+        p0, p1 = max(0, -((r - ph) // sh)), min(p - 1, (h - 1 + ph - r) // sh)  # rows inside the image
+        for s in range(s_):
+            q0, q1 = max(0, -((s - pw) // sw)), min(q - 1, (wd - 1 + pw - s) // sw)
+            if p0 > p1 or q0 > q1:
+                continue
+            xs = x[:, :, p0 * sh + r - ph:p1 * sh + r - ph + 1:sh, q0 * sw + s - pw:q1 * sw + s - pw + 1:sw]
+            t = (xs * w[:, 0, r, s].view(1, -1, 1, 1) if groups > 1
+                 else torch.einsum("ncpq,kc->nkpq", xs, w[:, :, r, s]))
+            y = y + F.pad(t, (q0, q - 1 - q1, p0, p - 1 - p1))
+    return y
+
+
+def conv2d_weight_taps(x, w_shape, dy, stride, pad):
+    """dL/dw of conv2d_taps(x, w, stride, pad) for dy: the weight gradient with the zero padding
+    left out of the sums (float64 in, float64 out)."""
+    w = torch.zeros(w_shape, dtype=x.dtype).requires_grad_(True)
+    with torch.enable_grad():
+        return torch.autograd.grad(conv2d_taps(x, w, stride, pad), w, dy)[0]
+
+
 
 # ---- backward: gradients by autograd, against float64 autograd of the composite -------------
 
@@ -163,7 +208,11 @@ def grads_of(fn, tensors, wants, grad_outs, work=None, device=None):
     with torch.enable_grad():
         outs = fn(*leaves)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        pairs = [(o, g) for o, g in zip(outs, grad_outs) if o is not None and g is not None]
+        # an output that needs no gradient (it depends on none of the wanted tensors: the sum
+        # x + residual when only the LayerNorm's bias is wanted) contributes nothing; autograd.grad
+        # would reject it.  An op whose output is disconnected where the reference's is not
+        # still fails: its gradients come out missing or wrong (check_grads).
+        pairs = [(o, g) for o, g in zip(outs, grad_outs) if o is not None and g is not None and o.requires_grad]
         wanted = [x for x, want in zip(leaves, wants) if x is not None and want]
         found = torch.autograd.grad([o for o, _ in pairs], wanted,
                                     [g.to(device=o.device, dtype=o.dtype) for o, g in pairs],
@@ -185,17 +234,19 @@ def own_grads(fn, tensors, wants, grad_outs):
         return [None if g is None else g.to(t.dtype) for g, t in zip(g32, tensors)]
 
 
-def check_grads(names, got, ref, own, dtype, slack=1.0):
+def check_grads(names, got, ref, own, dtype, slack=1.0, alt=None):
     """Each gradient against float64 (compare's bound: 2x PyTorch's own + a few ulp of the
-    case's dtype); a gradient the reference has and the op does not, or vice versa, fails."""
-    for name, g, r, o in zip(names, got, ref, own):
+    case's dtype); a gradient the reference has and the op does not, or vice versa, fails.
+    alt: per gradient, another admissible float64 result whose NaN/Inf classes are accepted
+    (autograd_case's exact_fn), or None."""
+    for name, g, r, o, a in zip(names, got, ref, own, alt or [None] * len(names)):
         if r is None and g is None:
             continue
         if g is None or r is None:
             if (r if g is None else g).numel() and (r if g is None else g).abs().sum() != 0:
                 return f"{name}: {'no gradient' if g is None else 'a gradient where none is expected'}"
             continue
-        fail = compare(name, g, r, o, dtype, slack=slack)
+        fail = compare(name, g, r, o, dtype, slack=slack, alt=a)
         if not fail and (g.dtype != dtype_of(o, g) or tuple(g.shape) != tuple(r.shape)):
             fail = f"{name}: {g.dtype} {tuple(g.shape)}"
         if fail:
@@ -208,33 +259,48 @@ def dtype_of(own, got):
     return got.dtype if own is None else own.dtype
 
 
-def autograd_case(op_fn, ref_fn, tensors, wants, grad_outs, dtype, names, slack=1.0):
+def autograd_case(op_fn, ref_fn, tensors, wants, grad_outs, dtype, names, slack=1.0, exact_fn=None):
     """Runs op_fn under autograd and checks its gradients against float64 autograd of
-    ref_fn (the composite, on the CPU) and PyTorch's own of ref_fn in the tensors' dtypes."""
+    ref_fn (the composite, on the CPU) and PyTorch's own of ref_fn in the tensors' dtypes.
+
+    exact_fn: the same composite with its conv's zero padding left out of the sums
+    (conv2d_taps), for cases with NaN/Inf in the output gradient: the float64 reference is then
+    exact_fn's, and ref_fn's float64 gradients (the padding's explicit zeros multiplied in, as
+    F.conv2d's backward does) add their NaN/Inf classes as admissible.  A weight gradient of a
+    padded conv is finite where it skips the padding and NaN where it multiplies the padding's
+    zero by a NaN/Inf gradient; either is right (conv2d_taps), and the value of a finite one is
+    checked against exact_fn's."""
+    g64 = [None if g is None else d64(g) for g in grad_outs]
     _, got = grads_of(op_fn, tensors, wants, grad_outs)
-    _, ref = grads_of(ref_fn, tensors, wants, [None if g is None else d64(g) for g in grad_outs],
-                      torch.float64, "cpu")
+    _, ref = grads_of(exact_fn or ref_fn, tensors, wants, g64, torch.float64, "cpu")
+    alt = grads_of(ref_fn, tensors, wants, g64, torch.float64, "cpu")[1] if exact_fn else [None] * len(tensors)
     own = own_grads(ref_fn, tensors, wants, grad_outs)
     scalar = [t is not None and want and t.dim() == 0 for t, want in zip(tensors, wants)]
     fail = check_grads([n for n, s in zip(names, scalar) if not s], *[[v for v, s in zip(lst, scalar) if not s]
-                                                                       for lst in (got, ref, own)], dtype, slack)
+                                                                       for lst in (got, ref, own)], dtype, slack,
+                       [a for a, s in zip(alt, scalar) if not s])
     for i in (i for i, s in enumerate(scalar) if s):
-        fail = fail or _check_scalar_grad(names[i], got[i], ref[i], own[i], ref_fn, tensors, i, grad_outs, dtype)
+        fail = fail or _check_scalar_grad(names[i], got[i], ref[i], own[i], exact_fn or ref_fn, tensors, i, grad_outs,
+                                          dtype, alt[i])
     return fail
 
 
-def _check_scalar_grad(name, got, ref, own, ref_fn, tensors, i, grad_outs, dtype):
+def _check_scalar_grad(name, got, ref, own, ref_fn, tensors, i, grad_outs, dtype, alt=None):
     """A scalar's gradient is a sum over the whole output that may cancel: its error relative
     to the sum of its terms' magnitudes, sum |grad_out * (y(p + 1) - y(p))| (float64; y is
     affine in the scalars the ops take, given the ReLU mask), at most 2x PyTorch's own plus
     a few units of the case's dtype (whose rounded intermediates the sum may take) and float32
-    summation's."""
+    summation's.  A NaN/Inf of ``alt`` (ref_fn's float64 where autograd_case has an exact_fn)
+    is admissible too."""
     if got is None:
         return f"{name}: no gradient"
     unit = UNIT[dtype]
     got, ref, own = (d64(t).reshape(()) for t in (got, ref, own))
     if not torch.isfinite(ref):
         return None if torch.isnan(got) or got == ref else f"{name}: {got.item()} where float64 gives {ref.item()}"
+    alt = None if alt is None else d64(alt).reshape(())
+    if alt is not None and not torch.isfinite(alt) and (torch.isnan(got) or got == alt):
+        return None  # the NaN/Inf of the alternative reference (autograd_case's exact_fn)
     with torch.no_grad():
         t64 = [d64(t) for t in tensors]
         y0 = ref_fn(*t64)

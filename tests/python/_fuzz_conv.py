@@ -9,8 +9,8 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 import cutlass_ops
 from cutlass_ops import ops
-from _fuzz import (LAYOUTS, UNIT, _batch, _dims, _dtype, _own, _special, autograd_case, compare, d64, make,
-                   round_st)
+from _fuzz import (LAYOUTS, UNIT, _batch, _dims, _dtype, _own, _special, autograd_case, compare, conv2d_taps,
+                   conv2d_weight_taps, d64, make, round_st)
 
 def draw_conv2d_fused(rng):
     r, s = rng.choice([(1, 1), (3, 3), (5, 5), (1, 3), (3, 1), (2, 2)])
@@ -38,14 +38,21 @@ def _fused_operands(c, device, special=True):
     return dtype, x, wt, bias, res, scale, post
 
 
-def _fused_formula(c, mask=None):
-    """conv2d_fused's composite; with ``mask`` (the op's ReLU mask) the ReLU keeps where it is set (a NaN gradient elsewhere gives 0)."""
+def _fused_formula(c, mask=None, taps=False):
+    """conv2d_fused's composite; with ``mask`` (the op's ReLU mask) the ReLU keeps where it is set (a NaN gradient elsewhere gives 0).
+    taps: the conv as conv2d_taps (its zero padding left out of the sums) with the scale
+    folded into the weight: d scale = <w, dL/dw'> as the op's conv2d_wgrad computes it, which is
+    finite where its weight gradient skips the padding (s * conv would multiply a NaN
+    gradient by a conv output that is exactly 0 at an output reading only padding)."""
     silu = c.get("silu") and not c["relu"]
     stride, pad = c["stride"], c["pad"]
 
     def formula(x_, w_, b_, r_, s_, pb_):
-        y = F.conv2d(x_, w_, None, stride, pad)
-        if s_ is not None:
+        if taps:
+            y = conv2d_taps(x_, w_ * s_.to(w_.dtype) if s_ is not None else w_, stride, pad)
+        else:
+            y = F.conv2d(x_, w_, None, stride, pad)
+        if s_ is not None and not taps:
             y = y * s_.to(y.dtype)
         if b_ is not None:
             y = y + (b_.to(y.dtype).view(1, -1, 1, 1) if b_.dim() == 1 else b_.to(y.dtype))
@@ -150,16 +157,22 @@ def run_conv2d_wgrad(c, device):
     dtype, x, wt, dy, scale = _backward_operands(c, device)
     dw, ds = cutlass_ops.conv2d_wgrad(dy, x, wt, c["stride"], c["pad"], scale)
     s64 = d64(scale) if scale is not None else 1.0
-    g = conv2d_weight(d64(x), wt.shape, d64(dy), c["stride"], c["pad"])
+    # G with the zero padding left out of the sums; F.conv2d's G (the padding's zeros times a
+    # NaN/Inf of dy give NaN) is as right: its NaN/Inf classes are admissible (conv2d_taps)
+    g = conv2d_weight_taps(d64(x), wt.shape, d64(dy), c["stride"], c["pad"])
+    g_pad = conv2d_weight(d64(x), wt.shape, d64(dy), c["stride"], c["pad"])
     own_g = _own(lambda x_, dy_: conv2d_weight(x_, wt.shape, dy_, c["stride"], c["pad"]), dtype, device, x, dy)
     alt = conv2d_weight(x.float(), wt.shape, dy.float(), c["stride"], c["pad"]).double() * s64 if device == "cpu" else None
-    fail = compare("grad_weight", dw, g * s64, own_g.double().cpu() * s64, dtype, alt=alt)
+    fail = compare("grad_weight", dw, g * s64, own_g.double().cpu() * s64, dtype, alt=[alt, g_pad * s64])
     if fail:
         return fail
     # d scale = <w, G>, which may cancel: its error relative to sum |w * G|.
     want = (d64(wt) * g).sum()
     if not torch.isfinite(want):  # NaN/Inf placement: checked on grad_weight above
         return None
+    want_pad = (d64(wt) * g_pad).sum()
+    if not torch.isfinite(want_pad) and (torch.isnan(ds) or ds.double().cpu() == want_pad):
+        return None  # G multiplied the padding's zeros by a NaN/Inf of dy (admissible, above)
     mag = (d64(wt) * g).abs().sum().clamp_min(1e-30)
     err = (ds.double().cpu() - want).abs() / mag
     own_err = ((d64(wt) * own_g.double().cpu()).sum() - want).abs() / mag
@@ -293,9 +306,11 @@ def run_conv2d_fused_backward(c, device):
 
     def op_fn(x_, w_, b_, r_, s_, pb_):
         return cutlass_ops.conv2d_fused(x_, w_, b_, r_, stride, pad, s_, pb_, relu, silu)
+    # NaN/Inf in grad: the weight gradient's class where they meet the padding is the
+    # implementation's (conv2d_taps): the reference skips the padding, F.conv2d's classes admissible
     return autograd_case(op_fn, _fused_formula(c, mask), [x, wt, bias, res, scale, post], c["wants"], [grad],
                          dtype, ["grad_input", "grad_weight", "grad_bias", "grad_residual", "grad_scale",
-                                 "grad_post_bias"])
+                                 "grad_post_bias"], exact_fn=_fused_formula(c, mask, taps=True))
 
 
 def draw_conv2d_b2b_backward(rng):

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from cutlass_ops import ops
-from _fuzz import LAYOUTS, _batch, _dims, _dtype, _own, _special, autograd_case, compare, d64, make, round_st
+from _fuzz import (LAYOUTS, _batch, _dims, _dtype, _own, _special, autograd_case, compare, conv2d_taps, d64, make,
+                   round_st)
 
 
 def draw_layer_norm_rows(rng):
@@ -45,13 +46,18 @@ def run_layer_norm_rows(c, device):
     return fail
 
 
-def _dw3x3(m, w, b, s):
+def _dw3x3(m, w, b, s, taps=False):
     """F.conv2d(m, w, b, s, 1, 1, C) for a depthwise 3x3, padding 1; in float64 as nine shifted
     multiply-adds: ATen's float64 depthwise conv on the CPU takes ~0.3-0.6 s a call, even on tiny
-    maps, which would make the CPU fuzz of these ops take minutes (the same sum, in another order)."""
+    maps, which would make the CPU fuzz of these ops take minutes (the same sum, in another order).
+    taps: (float64) as conv2d_taps, the zero padding left out of the sums (its gradients' NaN/Inf
+    classes differ from F.conv2d's at the padding: autograd_case's exact_fn)."""
     if m.dtype != torch.float64:
         return F.conv2d(m, w, b, s, 1, 1, m.shape[1])
     n, c, h, wd = m.shape
+    if taps:
+        y = conv2d_taps(m, w, s, 1, groups=c)
+        return y if b is None else y + b.view(1, c, 1, 1)
     p = F.pad(m, (1, 1, 1, 1))
     ho, wo = (h - 1) // s + 1, (wd - 1) // s + 1
     y = sum(p[:, :, r:r + s * (ho - 1) + 1:s, q:q + s * (wo - 1) + 1:s] * w[:, 0, r, q].view(1, c, 1, 1)
@@ -179,9 +185,9 @@ def _dw_operands(c, device, special=True):
     return dtype, x, wt, b, ld
 
 
-def _dw_formula(c, norm=None):
+def _dw_formula(c, norm=None, taps=False):
     """dw_conv3x3_tokens's composite: per stride, the lead rows then the conv rows; ``norm``
-    (a function) applied to x and the lead rows first."""
+    (a function) applied to x and the lead rows first; taps: _dw3x3's (float64)."""
     n, h, w, ch, strides = c["n"], c["h"], c["w"], c["c"], c["strides"]
 
     def formula(x, wt, b, ld, *ln):
@@ -190,7 +196,7 @@ def _dw_formula(c, norm=None):
         ys = []
         for j, s in enumerate(strides):
             m = x.reshape(n, h, w, ch).permute(0, 3, 1, 2)
-            y = _dw3x3(m, wt[j].to(x.dtype), None if b is None else b[j].to(x.dtype), s)
+            y = _dw3x3(m, wt[j].to(x.dtype), None if b is None else b[j].to(x.dtype), s, taps)
             y = y.flatten(2).transpose(1, 2)
             ys.append(y if ld is None else torch.cat([ld, y], 1))
         return ys
@@ -219,9 +225,11 @@ def run_dw_conv3x3_tokens_backward(c, device):
     g = torch.Generator().manual_seed(c["seed"] + 1)
     grads = [make(y.shape, dtype, device, "nchw", g, special=c["special"] if j == 0 else 0)
              for j, y in enumerate(ys)]
+    # NaN/Inf in the first output's gradient: the weight gradient's class where they meet the
+    # padding is the implementation's (conv2d_taps), F.conv2d's admissible
     return autograd_case(lambda x_, w_, b_, l_: ops.dw_conv3x3_tokens(x_, c["h"], c["w"], w_, b_, c["strides"], l_),
                          _dw_formula(c), [x, wt, b, ld], c["wants"], grads, dtype,
-                         ["grad_x", "grad_weight", "grad_bias", "grad_lead"])
+                         ["grad_x", "grad_weight", "grad_bias", "grad_lead"], exact_fn=_dw_formula(c, taps=True))
 
 
 def draw_layer_norm_dw_conv3x3_tokens(rng):
@@ -420,9 +428,15 @@ def _embed_operands(c, device, special):
     return dtype, [x, wt, b, lw, lb]
 
 
-def _embed_formula(c):
+def _embed_formula(c, taps=False):
+    """conv_embed's composite; taps: the conv as conv2d_taps (float64: autograd_case's exact_fn)."""
     def formula(x, wt, b, lw, lb):
-        t = F.conv2d(x, wt, b, c["stride"], c["pad"]).flatten(2).transpose(1, 2)
+        if taps:
+            t = conv2d_taps(x, wt, c["stride"], c["pad"])
+            t = t if b is None else t + b.view(1, -1, 1, 1)
+        else:
+            t = F.conv2d(x, wt, b, c["stride"], c["pad"])
+        t = t.flatten(2).transpose(1, 2)
         return F.layer_norm(t, (t.shape[-1],), lw, lb, 1e-5) if c["ln"] else t
     return formula
 
@@ -448,15 +462,16 @@ def run_conv_embed(c, device):
 def run_conv_embed_backward(c, device):
     """conv_embed's autograd (the conv and LayerNorm recomputed in float32 by ATen)."""
     dtype, t = _embed_operands(c, device, 0)
-    # no NaN/Inf in the gradient here: a NaN in grad_y gave a finite grad_weight on the CPU
-    # (bfloat16, channels_last x) where float64 and PyTorch's own give NaN: unexplained, reported
-    c = dict(c, special=0)
     p = (c["h"] + 2 * c["pad"] - c["r"]) // c["stride"] + 1
     q = (c["w"] + 2 * c["pad"] - c["s"]) // c["stride"] + 1
     gy = make((c["n"], p * q, c["k"]), dtype, device, "nchw", torch.Generator().manual_seed(c["seed"] + 1),
               special=c["special"])
+    # NaN/Inf in grad_y: the weight gradient's class where they meet the padding is the
+    # implementation's (conv2d_taps; the CPU's bfloat16 channels_last conv skips the padding,
+    # float64 and PyTorch's own NCHW multiply it in), F.conv2d's admissible
     return autograd_case(_embed_op(c), _embed_formula(c), t, c["wants"], [gy], dtype,
-                         ["grad_input", "grad_weight", "grad_bias", "grad_ln_weight", "grad_ln_bias"])
+                         ["grad_input", "grad_weight", "grad_bias", "grad_ln_weight", "grad_ln_bias"],
+                         exact_fn=_embed_formula(c, taps=True))
 
 
 OPS = {

@@ -372,6 +372,24 @@ def run_fused_mlp_backward(c, device):
     return None
 
 
+def mlp_kernel_ready(device):
+    """None where FusedMLP's kernel can run (not CUDA: the CPU path needs none; CUDA: it builds
+    pool[0]'s float16 kernel, which the fuzz compiles first anyway), else why not (no nvcc or
+    NVRTC, a GPU before sm_80, a compile error): the CUDA fuzz of fused_mlp / fused_mlp_backward
+    fails once with that reason instead of on its first 16-bit case."""
+    if device != "cuda":
+        return None
+    case = dict(structure=0, rows=1, layout="contiguous", special=0)
+    try:
+        _mlp_setup(case, device, torch.float16, torch.Generator().manual_seed(0))[0].compile_kernel()
+    except Exception as e:  # the compiler's or the driver's error, as it says it
+        return f"FusedMLP could not build its kernel: {type(e).__name__}: {str(e).strip()}"
+    return None
+
+
+READY = {"fused_mlp": mlp_kernel_ready, "fused_mlp_backward": mlp_kernel_ready}
+
+
 OPS = {
     "se_gate": (draw_se_gate, run_se_gate, ["se_gate"]),
     "se_gate_backward": (draw_se_gate_backward, run_se_gate_backward, ["se_gate_backward"]),

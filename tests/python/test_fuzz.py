@@ -17,7 +17,10 @@ few units of the dtype's rounding: the op may be no less accurate than PyTorch. 
 results are float32 sums (the weight gradients) are held to float32 bounds.  NaN/Inf: where
 float64 has a NaN, so must the op; an Inf must stay the same Inf (or be NaN where PyTorch's
 own result is NaN); a finite reference must give a finite result unless PyTorch's own result
-is not finite there either.  A shape no kernel covers takes the ATen path (its one-time
+is not finite there either.  A padded conv's weight gradient meets NaN/Inf in its output
+gradient at the zero padding: multiplied in (F.conv2d's float64 backward: NaN) or skipped (a
+finite sum of the real products; some cuDNN and oneDNN algorithms): both are admissible, and
+the reference that skips it (_fuzz.conv2d_taps) checks a finite result's value.  A shape no kernel covers takes the ATen path (its one-time
 warning is allowed) and is held to the same bounds.
 
 Backward: each op's autograd formula (its backward kernels: relu_backward, conv2d_dgrad /
@@ -29,7 +32,9 @@ scalar's gradient (a sum over the whole output) relative to the sum of its terms
 Which path ran: on CUDA each case's ops report "kernel", "empty" or "fallback: <reason>"
 (cutlass_ops.last_path; the backward runs on the calling thread here so that it can be read);
 with 200 cases or more every op that has a kernel must reach it in at least a tenth of them, so
-that the fuzz cannot pass on fallbacks alone.  The counts are printed.
+that the fuzz cannot pass on fallbacks alone.  The counts are printed; a shortfall names the
+other paths' reasons.  An op whose kernel cannot run here at all (FusedMLP without nvcc or
+NVRTC) fails once, up front, saying why (READY).
 
 The ops' draw/run pairs: _fuzz_conv.py (conv), _fuzz_se.py (SE gate, GIoU, FusedMLP),
 _fuzz_cvt.py (the CvT ops); the framework: _fuzz.py.
@@ -56,6 +61,8 @@ SEED = int(os.environ["CUTLASS_OPS_FUZZ_SEED"]) if os.environ.get("CUTLASS_OPS_F
 
 # op -> (draw(rng) -> case, run(case, device) -> failure or None, the ops whose path is counted)
 OPS = {**_fuzz_conv.OPS, **_fuzz_se.OPS, **_fuzz_cvt.OPS}
+# op -> ready(device) -> None, or why the op's kernel cannot run on this machine at all
+READY = {**_fuzz_se.READY}
 NOT_CALLED = "not called"
 
 
@@ -99,8 +106,12 @@ def test_fuzz(op, device, rng_seed):
     count = num_cases(device)
     seed = rng_seed if SEED is None else SEED
     print(f"fuzz {op} on {device}: seed {seed}, {count} cases (CUTLASS_OPS_FUZZ_SEED / CUTLASS_OPS_FUZZ_CASES)")
+    why_not = READY.get(op, lambda _: None)(device)
+    if why_not:  # e.g. FusedMLP without nvcc or NVRTC: no kernel to fuzz, said once, up front
+        pytest.fail(f"fuzz {op} on {device}: cannot run its kernel here: {why_not}", pytrace=False)
     tracked = OPS[op][2] if device == "cuda" else []
     counts = {name: {} for name in tracked}
+    others = {name: {} for name in tracked}  # the paths other than the kernel, by full text (reasons)
     for i in range(count):
         case = draw(op, device, i, seed)
         for name in tracked:
@@ -115,11 +126,26 @@ def test_fuzz(op, device, rng_seed):
                         + (f" [paths: {ran}]" if ran else "") + f"\nreproduce:\n{snippet(op, case, device)}",
                         pytrace=False)
         for name in tracked:
-            kind = _path_kind(paths.last_path(name) or NOT_CALLED)
+            path = paths.last_path(name) or NOT_CALLED
+            kind = _path_kind(path)
             counts[name][kind] = 1 + counts[name].get(kind, 0)
+            if kind != paths.KERNEL:
+                others[name][path] = 1 + others[name].get(path, 0)
     for name, seen in counts.items():
         print(f"  {name} paths: {seen}")
     if count >= 200:  # the fuzz reaches the kernels, not only the fallbacks
         for name, seen in counts.items():
             if _has_kernel(name):
-                assert seen.get("kernel", 0) >= count // 10, f"{name}: {seen}"
+                assert seen.get("kernel", 0) >= count // 10, _floor_message(name, seen, others[name], count)
+
+
+def _floor_message(name, seen, others, count):
+    """Why the kernel floor failed: the counts, then the most frequent other paths (the
+    fallbacks' reasons), and what "not called" means."""
+    top = sorted(others.items(), key=lambda kv: -kv[1])[:5]
+    msg = (f"{name}: the kernel ran in {seen.get('kernel', 0)} of {count} cases (at least {count // 10} needed): "
+           f"{seen}; most frequent other paths: " + "; ".join(f"{n}x {p}" for p, n in top))
+    if NOT_CALLED in others:
+        msg += (f" ('{NOT_CALLED}': no call of {name} on this thread recorded a path in that case: the case did not"
+                " reach it, or it ran a path that does not report itself to cutlass_ops.paths)")
+    return msg
