@@ -100,6 +100,7 @@ def _has_kernel(name: str) -> bool:
     return True
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", list(OPS))
 def test_fuzz(op, device, rng_seed):
