@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The full test suite on a GPU machine, spread over its GPUs: pytest-xdist workers, worker k on
 # GPU k mod G (CUTLASS_OPS_TEST_GPUS, read by tests/python/conftest.py), then ctest on the build
-# tree when BUILD_DIR names one.  One process takes over 10 minutes on an H100; 4 workers per
-# GPU share a GPU well because most tests are small.
-#   bash tests/gpu_suite.sh                      # every test, 4 workers per GPU
+# tree when BUILD_DIR names one.  One process takes over 10 minutes on an H100; by default one
+# worker per CPU core: most tests are small on the GPU and bound by their float64 CPU references.
+#   bash tests/gpu_suite.sh                      # every test, a worker per core
 #   WORKERS=8 BUILD_DIR=build bash tests/gpu_suite.sh tests/python/test_fuzz.py
 #   SHARD=1/2 bash tests/gpu_suite.sh; SHARD=2/2 bash tests/gpu_suite.sh   # in two sittings
-# (20 workers on two H200s ran 57% of the suite's ~6,700 tests in 10 minutes: a 10-minute
-# sitting takes a shard of 1/2 or smaller.)
+# (32 workers on two H200s: shard 2/2, 3,400 tests, in 308 s; shard 1/2 had 11 of its 3,375 left,
+# all GPU fuzz tests, after 456 s.  The tests marked long now start first.  A 10-minute sitting
+# takes a shard of 1/2 or smaller.)
 # Needs cutlass_ops installed for this GPU and pytest-xdist.  Fails loudly where the library has
 # no CUDA kernels (every GPU test would skip), prints the counts and every distinct skip reason,
 # and exits non-zero on a failure or on a GPU test skipped for want of a GPU.
@@ -19,7 +20,7 @@ PYTHON=${PYTHON:-python3}
 OUT=${OUT:-gpu_results}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 G=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
 [ "$G" -ge 1 ] || { echo "gpu_suite: no GPU (nvidia-smi -L lists none)"; exit 1; }
-WORKERS=${WORKERS:-$((4 * G))}
+WORKERS=${WORKERS:-$(nproc)}
 export CUTLASS_OPS_TEST_GPUS=${CUTLASS_OPS_TEST_GPUS:-$(seq -s, 0 $((G - 1)))}
 # CPU threads per worker: the machine's cores shared out (torch's default, every core in every
 # worker, oversubscribes the cores many times over in the tests' CPU references)
