@@ -519,8 +519,10 @@ def measure_throughput(step, batches, steps, windows, global_batch, cuda, device
     data already made (cycling through `batches`); per window the slowest rank's time, and the
     median window is the metric.  The per-step medians above synchronize the host before each step
     and time from the step's start on rank 0, so on several ranks they also count the wait for a
-    rank that started later; this is the rate a training loop sustains.  Several windows, because
-    one short window of an H200 moved by 15% between launches of the same run."""
+    rank that started later; this is the rate a training loop sustains.  Several windows: the
+    median shrugs off one disturbed window, and their spread shows the noise within a launch
+    (between launches of one run an H200 moved by 15%: tests/gpu_ddp.sh compares launches in
+    rounds)."""
     per_window = []
     for _ in range(windows):
         dist.barrier()
