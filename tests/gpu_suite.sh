@@ -6,6 +6,8 @@
 #   bash tests/gpu_suite.sh                      # every test, a worker per core
 #   WORKERS=8 BUILD_DIR=build bash tests/gpu_suite.sh tests/python/test_fuzz.py
 #   SHARD=1/2 bash tests/gpu_suite.sh; SHARD=2/2 bash tests/gpu_suite.sh   # in two sittings
+#   STRICT=1 bash tests/gpu_suite.sh             # strict mode: a fallback on CUDA fails the test
+#                                                # (tests marked fallback excepted)
 # (32 workers on two H200s: shard 2/2, 3,400 tests, in 308 s; shard 1/2 had 11 of its 3,375 left,
 # all GPU fuzz tests, after 456 s.  The tests marked long now start first.  A 10-minute sitting
 # takes a shard of 1/2 or smaller.)
@@ -25,13 +27,14 @@ export CUTLASS_OPS_TEST_GPUS=${CUTLASS_OPS_TEST_GPUS:-$(seq -s, 0 $((G - 1)))}
 # CPU threads per worker: the machine's cores shared out (torch's default, every core in every
 # worker, oversubscribes the cores many times over in the tests' CPU references)
 THREADS=$(( $(nproc) / WORKERS )); [ "$THREADS" -ge 1 ] || THREADS=1
+[ "${STRICT:-0}" = 1 ] && export CUTLASS_OPS_STRICT=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$THREADS}
 (cd /tmp && "$PYTHON" -P -c '
 import torch, cutlass_ops
 assert torch.cuda.is_available(), "torch sees no GPU"
 assert cutlass_ops.cuda_kernels_built(), "cutlass_ops was built without CUDA kernels: every GPU test would skip"
 print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count(), "| torch", torch.__version__,
-      "| build", cutlass_ops._library.build_info().get("archs"))') || exit 1
+      "| build", cutlass_ops._library.build_info().get("archs"), "| strict mode:", cutlass_ops.paths.is_strict())') || exit 1
 [ $# -gt 0 ] || set -- "$REPO/tests/python"
 start=$(date +%s)
 # -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures

@@ -15,6 +15,11 @@ last one, whatever the order or selection of tests (_seeds.py holds the function
   does to the global generators reaches a later test.
 - A failing test's report carries a ``seed`` section: the seed, the test id, the global seed.
 
+Strict mode: with ``CUTLASS_OPS_STRICT=1`` (tests/gpu_suite.sh's STRICT=1) any op that falls
+back on CUDA raises, so a GPU test passes only on the kernels it means; tests marked ``fallback``
+(they mean the fallback path too, e.g. float32 inputs, or count the paths themselves) run with
+strict mode off.
+
 ``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
 decides), for GPU suites split over several sittings (tests/gpu_suite.sh's SHARD).
 
@@ -137,6 +142,18 @@ def _seeded_global_generators(request):
     """Seeds torch's (CPU and CUDA), Python's and NumPy's global generators from the test's
     seed for the test, restoring their state afterwards."""
     with all_global_generators_seeded(global_seed(item_seed(request.node))):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fallback_tests_outside_strict_mode(request):
+    """A test marked ``fallback`` runs with strict mode off, on every thread (autograd's
+    included), whatever CUTLASS_OPS_STRICT says."""
+    if request.node.get_closest_marker("fallback") is None:
+        yield
+        return
+    import cutlass_ops
+    with cutlass_ops.strict(False, all_threads=True), cutlass_ops.strict(False):
         yield
 
 

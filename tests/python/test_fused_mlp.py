@@ -530,6 +530,7 @@ def test_gpu_misaligned_and_strided_input():
 
 
 @gpu
+@pytest.mark.fallback
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_gpu_wide_dtypes_run_torch_ops(dtype):
     """float32/float64 on CUDA: not the kernel (fp16/bf16 only) but the same math as torch ops,

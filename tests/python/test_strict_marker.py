@@ -1,0 +1,43 @@
+"""Strict test runs (conftest.py): under CUTLASS_OPS_STRICT=1 a test runs in strict mode unless
+it carries the ``fallback`` marker, which turns strict mode off on every thread for it.  The
+probes below assert it in a child pytest run with CUTLASS_OPS_STRICT=1 (in an ordinary run
+they pass trivially).  CPU only."""
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cutlass_ops import paths
+from _seeds import ROOT
+
+THIS = "tests/python/test_strict_marker.py"
+_PROBE = "CUTLASS_OPS_STRICT_MARKER_PROBE"  # set in the child run only
+
+
+def _strict_here_and_in_a_thread() -> tuple[bool, bool]:
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(paths.is_strict()))
+    t.start()
+    t.join()
+    return paths.is_strict(), seen[0]
+
+
+def test_probe_unmarked_is_strict():
+    if os.environ.get(_PROBE):
+        assert _strict_here_and_in_a_thread() == (True, True)
+
+
+@pytest.mark.fallback
+def test_probe_marked_fallback_is_not_strict():
+    if os.environ.get(_PROBE):
+        assert _strict_here_and_in_a_thread() == (False, False)
+
+
+def test_strict_env_and_the_fallback_marker():
+    env = dict(os.environ, CUTLASS_OPS_STRICT="1", CUDA_VISIBLE_DEVICES="", **{_PROBE: "1"})
+    out = subprocess.run([sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          f"{THIS}::test_probe_unmarked_is_strict", f"{THIS}::test_probe_marked_fallback_is_not_strict"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode == 0 and "2 passed" in out.stdout, out.stdout[-3000:]
