@@ -8,9 +8,13 @@
 #   SHARD=1/2 bash tests/gpu_suite.sh; SHARD=2/2 bash tests/gpu_suite.sh   # in two sittings
 #   STRICT=1 bash tests/gpu_suite.sh             # strict mode: a fallback on CUDA fails the test
 #                                                # (tests marked fallback excepted)
-# (32 workers on two H200s: shard 2/2, 3,400 tests, in 308 s; shard 1/2 had 11 of its 3,375 left,
-# all GPU fuzz tests, after 456 s.  The tests marked long now start first.  A 10-minute sitting
-# takes a shard of 1/2 or smaller.)
+# Scheduling: the tests marked long come first in the collection (conftest.py), and xdist hands
+# them out two at a time (--maxschedchunk 2): its default first hands each worker a run of about
+# tests/workers/4 consecutive tests, which put every long test on worker 0, one after another.
+# A test that runs past TEST_TIMEOUT seconds (default 300; pytest-timeout, where installed) is
+# stopped with every thread's stack in the log and counted as failed: a hung kernel names itself
+# instead of eating the sitting.  (32 workers on two H200s: 3,377 tests of a shard of 1/2 done in
+# about 4 minutes; a 10-minute sitting takes a shard of 1/2.)
 # Needs cutlass_ops installed for this GPU and pytest-xdist.  Fails loudly where the library has
 # no CUDA kernels (every GPU test would skip), prints the counts and every distinct skip reason,
 # and exits non-zero on a failure or on a GPU test skipped for want of a GPU.
@@ -39,8 +43,14 @@ print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count()
 start=$(date +%s)
 # -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures
 SHARD_ARGS=(); [ -n "${SHARD:-}" ] && SHARD_ARGS=(--shard "$SHARD")
+TIMEOUT_ARGS=()
+if (cd /tmp && "$PYTHON" -P -c "import pytest_timeout" 2>/dev/null); then
+  TIMEOUT_ARGS=(--timeout "${TEST_TIMEOUT:-300}" --timeout-method thread)
+else
+  echo "gpu_suite: pytest-timeout is not installed: a hung test holds its worker until the sitting ends"
+fi
 (cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load \
-  "${SHARD_ARGS[@]}" "$@") \
+  --maxschedchunk 2 "${TIMEOUT_ARGS[@]}" "${SHARD_ARGS[@]}" "$@") \
   > "$OUT/gpu_suite.log" 2>&1
 rc=$?
 echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers of $OMP_NUM_THREADS threads${SHARD:+, shard $SHARD}"

@@ -87,8 +87,10 @@ def _shard(config) -> tuple[int, int] | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    # The long tests first (a stable sort: the rest keep their order): spread over pytest-xdist's
-    # workers from the start instead of trailing on a few workers after everything else is done.
+    # The long tests first (a stable sort: the rest keep their order), so that they start early
+    # instead of trailing after everything else is done.  Under pytest-xdist they spread over
+    # the workers only when it hands out tests a few at a time (gpu_suite.sh: --maxschedchunk 2);
+    # its default first chunk, about tests/workers/4 consecutive tests, gives them all to one.
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
     shard = _shard(config)
     if shard is None:

@@ -43,6 +43,9 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+import threading
+import time
 import warnings
 
 import pytest
@@ -64,6 +67,42 @@ OPS = {**_fuzz_conv.OPS, **_fuzz_se.OPS, **_fuzz_cvt.OPS}
 # op -> ready(device) -> None, or why the op's kernel cannot run on this machine at all
 READY = {**_fuzz_se.READY}
 NOT_CALLED = "not called"
+# a case running this long is named on the terminal while it runs (Watchdog): a hung kernel or a
+# pathological reference names its case even when the run is stopped from outside
+SLOW_CASE_S = float(os.environ.get("CUTLASS_OPS_FUZZ_SLOW_CASE_S", "60"))
+
+
+class Watchdog:
+    """Names the running case on the real stderr (past pytest's capture, so that it reaches the
+    log while the case still runs) once it has taken SLOW_CASE_S seconds; one thread per test."""
+
+    def __init__(self, op, device, seed):
+        self.op, self.device, self.seed = op, device, seed
+        self.case = None  # (index, case, start) of the running case
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    def start(self, index, case):
+        self.case = (index, case, time.monotonic())
+
+    def _watch(self):
+        named = None
+        while not self.done.wait(1.0):
+            running = self.case
+            if running is None or running[0] == named or time.monotonic() - running[2] < SLOW_CASE_S:
+                continue
+            named = running[0]
+            sys.__stderr__.write(f"\nfuzz {self.op} on {self.device} (CUTLASS_OPS_FUZZ_SEED={self.seed}): case {named} "
+                                 f"still running after {SLOW_CASE_S:g} s:\n{snippet(self.op, running[1], self.device)}\n")
+            sys.__stderr__.flush()
 
 
 def draw(op: str, device: str, index: int, seed: int) -> dict:
@@ -114,31 +153,42 @@ def test_fuzz(op, device, rng_seed):
     tracked = OPS[op][2] if device == "cuda" else []
     counts = {name: {} for name in tracked}
     others = {name: {} for name in tracked}  # the paths other than the kernel, by full text (reasons)
-    for i in range(count):
-        case = draw(op, device, i, seed)
-        for name in tracked:
-            paths.record(name, NOT_CALLED)
-        try:
-            fail = run_case(op, case, device)
-        except Exception as e:  # a crash is a failure too, reported with its reproducer
-            fail = f"raised {type(e).__name__}: {e}"
-        if fail:
-            ran = {name: paths.last_path(name) for name in tracked}
-            pytest.fail(f"fuzz {op} case {i} (CUTLASS_OPS_FUZZ_SEED={seed}) on {device}: {fail}"
-                        + (f" [paths: {ran}]" if ran else "") + f"\nreproduce:\n{snippet(op, case, device)}",
-                        pytrace=False)
-        for name in tracked:
-            path = paths.last_path(name) or NOT_CALLED
-            kind = _path_kind(path)
-            counts[name][kind] = 1 + counts[name].get(kind, 0)
-            if kind != paths.KERNEL:
-                others[name][path] = 1 + others[name].get(path, 0)
+    took = []  # (seconds, index) of each case
+    with Watchdog(op, device, seed) as watchdog:
+        for i in range(count):
+            case = draw(op, device, i, seed)
+            watchdog.start(i, case)
+            start = time.monotonic()
+            _run_one(op, case, device, i, seed, tracked, counts, others)
+            took.append((time.monotonic() - start, i))
+    print("  slowest cases: " + ", ".join(f"{i} ({t:.2f} s)" for t, i in sorted(took, reverse=True)[:3]))
     for name, seen in counts.items():
         print(f"  {name} paths: {seen}")
     if count >= 200:  # the fuzz reaches the kernels, not only the fallbacks
         for name, seen in counts.items():
             if _has_kernel(name):
                 assert seen.get("kernel", 0) >= count // 10, _floor_message(name, seen, others[name], count)
+
+
+def _run_one(op, case, device, i, seed, tracked, counts, others):
+    """Case i: fails the test with its reproducer, or counts each tracked op's path."""
+    for name in tracked:
+        paths.record(name, NOT_CALLED)
+    try:
+        fail = run_case(op, case, device)
+    except Exception as e:  # a crash is a failure too, reported with its reproducer
+        fail = f"raised {type(e).__name__}: {e}"
+    if fail:
+        ran = {name: paths.last_path(name) for name in tracked}
+        pytest.fail(f"fuzz {op} case {i} (CUTLASS_OPS_FUZZ_SEED={seed}) on {device}: {fail}"
+                    + (f" [paths: {ran}]" if ran else "") + f"\nreproduce:\n{snippet(op, case, device)}",
+                    pytrace=False)
+    for name in tracked:
+        path = paths.last_path(name) or NOT_CALLED
+        kind = _path_kind(path)
+        counts[name][kind] = 1 + counts[name].get(kind, 0)
+        if kind != paths.KERNEL:
+            others[name][path] = 1 + others[name].get(path, 0)
 
 
 def _floor_message(name, seen, others, count):
@@ -151,3 +201,17 @@ def _floor_message(name, seen, others, count):
         msg += (f" ('{NOT_CALLED}': no call of {name} on this thread recorded a path in that case: the case did not"
                 " reach it, or it ran a path that does not report itself to cutlass_ops.paths)")
     return msg
+
+
+def test_watchdog_names_a_slow_case(monkeypatch, capfd):
+    """The Watchdog writes a case that runs past SLOW_CASE_S, with its reproducer, while it runs."""
+    monkeypatch.setattr(sys.modules[__name__], "SLOW_CASE_S", 0.5)
+    case = {"n": 3, "marker": "slow-case"}
+    with Watchdog("some_op", "cpu", 7) as watchdog:
+        watchdog.start(0, {"n": 1})
+        watchdog.start(4, case)
+        time.sleep(2.5)
+    err = capfd.readouterr().err
+    assert "fuzz some_op on cpu (CUTLASS_OPS_FUZZ_SEED=7): case 4 still running after 0.5 s" in err
+    assert "slow-case" in err and "case 0 " not in err
+    assert err.count("still running") == 1  # once per case
