@@ -36,6 +36,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -353,16 +354,19 @@ def check_grads(args, rank, world, device) -> dict:
 
 # ---- training --------------------------------------------------------------------------------
 
-def train(args, rank, world, device) -> dict:
+def build_step(args, rank, device, use_ddp: bool) -> SimpleNamespace:
+    """One training setup: the agent (random non-zero weights from --seed), DDP around it where
+    use_ddp, Adam, GradScaler (float16), forward + backward captured in a CUDA graph with --graph;
+    ``step(data)`` runs one training step (forward, backward, the optimizer)."""
     autocast, pdtype = autocast_for(args, device)
     n, chunk, cuda = args.batch, args.data_chunk, device.type == "cuda"
     agent = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
     randomize(agent, args.seed)
     side = torch.cuda.Stream(device) if args.graph else None
     with torch.cuda.stream(side) if side is not None else nullcontext():
-        model = ddp = wrap(agent, args, device) if not args.no_ddp else agent
+        model = ddp = wrap(agent, args, device) if use_ddp else agent
     timer = None
-    if not args.no_ddp and not args.graph:
+    if use_ddp and not args.graph:
         timer = AllreduceTimer(cuda)
         def timed_allreduce(state, bucket):
             return timer(state, bucket)
@@ -414,6 +418,16 @@ def train(args, rank, world, device) -> dict:
         agent.zero_grad(set_to_none=True)
         return fwd_bwd(data)
 
+    return SimpleNamespace(agent=agent, model=model, ddp=ddp, timer=timer, load=load, fwd_bwd=fwd_bwd,
+                           fwd_bwd_step=fwd_bwd_step, optimizer_step=optimizer_step,
+                           step=lambda data: (fwd_bwd_step(data), optimizer_step()))
+
+
+def train(args, rank, world, device) -> dict:
+    n, cuda = args.batch, device.type == "cuda"
+    t = build_step(args, rank, device, use_ddp=not args.no_ddp)
+    agent, model, ddp, timer, load, fwd_bwd = t.agent, t.model, t.ddp, t.timer, t.load, t.fwd_bwd
+    fwd_bwd_step, optimizer_step = t.fwd_bwd_step, t.optimizer_step
     losses, times, comm = [], [], []
     for step in range(args.steps):
         data = load(step)
@@ -459,8 +473,10 @@ def train(args, rank, world, device) -> dict:
         if timer is not None:
             timer.active = False
         batches = [load(args.steps + i) for i in range(min(args.throughput_steps, 4))]
-        result.update(measure_throughput(lambda d: (fwd_bwd_step(d), optimizer_step()), batches,
-                                         args.throughput_steps, args.throughput_windows, n * world, cuda, device))
+        result.update(measure_throughput(t.step, batches, args.throughput_steps, args.throughput_windows, n * world,
+                                         cuda, device))
+        if args.paired_baseline and world > 1:
+            result.update(measure_paired(args, rank, world, device, t.step, batches))
     if args.profile_steps and cuda:
         if timer is not None:
             timer.active = False
@@ -488,7 +504,9 @@ def gpu_timeline(step, batches, steps) -> dict:
     copies and sets), NCCL (the union of NCCL kernels: it includes waiting for the other ranks),
     NCCL exposed (NCCL time with no compute beside it) and idle (no kernel at all: the host's
     gaps, e.g. GradScaler's found-inf read).  Every rank's; the comparison of 1 and 2 GPUs says
-    whether the lost scaling is the all-reduce, a wait, or the host."""
+    whether the lost scaling is the all-reduce, a wait, or the host.  ``kernels``: per kernel
+    name (cut to 100 characters), its count and its time a step, the 40 longest; what DDP adds
+    (ddp_ppo_report.py's kernel_diff sets it beside the 1-GPU run's)."""
     from torch.profiler import ProfilerActivity, profile
     dist.barrier()
     torch.cuda.synchronize()
@@ -496,13 +514,18 @@ def gpu_timeline(step, batches, steps) -> dict:
         for i in range(steps):
             step(batches[i % len(batches)])
         torch.cuda.synchronize()
-    comm, other = [], []
+    comm, other, by_name = [], [], {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start:
             continue
         (comm if "nccl" in e.name.lower() else other).append((e.time_range.start, e.time_range.end))
+        entry = by_name.setdefault(e.name[:100], [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.end - e.time_range.start
     everything = comm + other
-    mine = {"steps": steps, "kernels": len(everything), "nccl_kernels": len(comm)}
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]
+    mine = {"steps": steps, "kernels": len(everything), "nccl_kernels": len(comm), "distinct_kernels": len(by_name),
+            "kernel_table": [{"name": k, "per_step": c / steps, "us_per_step": us / steps} for k, (c, us) in top]}
     if everything:
         span = (max(b for _, b in everything) - min(a for a, _ in everything)) / 1e3
         busy, compute, nccl = union_ms(everything), union_ms(other), union_ms(comm)
@@ -522,29 +545,61 @@ def measure_throughput(step, batches, steps, windows, global_batch, cuda, device
     rank that started later; this is the rate a training loop sustains.  Several windows: the
     median shrugs off one disturbed window, and their spread shows the noise within a launch
     (between launches of one run an H200 moved by 15%: tests/gpu_ddp.sh compares launches in
-    rounds)."""
+    rounds, and --paired-baseline times one process within the same launch)."""
     per_window = []
     for _ in range(windows):
         dist.barrier()
-        if cuda:
-            torch.cuda.synchronize()
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ev[0].record()
-        start = time.perf_counter()
-        for i in range(steps):
-            step(batches[i % len(batches)])
-        if cuda:
-            ev[1].record()
-            torch.cuda.synchronize()
-            ms = ev[0].elapsed_time(ev[1]) / steps
-        else:
-            ms = (time.perf_counter() - start) * 1e3 / steps
+        ms = _window_ms(step, batches, steps, cuda)
         slowest = torch.tensor([ms], dtype=torch.float64, device=device if cuda else "cpu")
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         per_window.append(slowest.item())
     ms = statistics.median(per_window)
     return {"throughput_steps": steps, "throughput_windows_ms": per_window, "throughput_step_ms": ms,
             "throughput_samples_per_s": global_batch / (ms / 1e3)}
+
+
+def _window_ms(step, batches, steps, cuda) -> float:
+    """ms a step over `steps` steps back to back (CUDA events; the host clock on the CPU)."""
+    if cuda:
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+    start = time.perf_counter()
+    for i in range(steps):
+        step(batches[i % len(batches)])
+    if cuda:
+        ev[1].record()
+        torch.cuda.synchronize()
+        return ev[0].elapsed_time(ev[1]) / steps
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+def measure_paired(args, rank, world, device, ddp_step, batches) -> dict:
+    """The scaling measured within one launch (--paired-baseline): rank 0 also builds the
+    one-process setup (the same agent, optimizer and CUDA graph, no DDP), and windows alternate:
+    every rank's DDP steps (the slowest rank's time), then rank 0's one-process steps alone (the
+    other ranks wait at a barrier).  Each pair's scaling is world x (1-GPU ms) / (DDP ms), same N
+    per GPU; the median pair is the metric.  Launches minutes apart differed by up to 15% on an
+    H200 (clocks, heat): pairs of adjacent windows see the same machine."""
+    cuda = device.type == "cuda"
+    base = build_step(args, rank, device, use_ddp=False) if rank == 0 else None
+    if base is not None:  # warm the one-process setup up (its graph is captured in build_step)
+        _window_ms(base.step, batches, 3, cuda)
+    pairs = []
+    for _ in range(args.throughput_windows):
+        dist.barrier()
+        ddp_ms = torch.tensor([_window_ms(ddp_step, batches, args.throughput_steps, cuda)], dtype=torch.float64,
+                              device=device if cuda else "cpu")
+        dist.all_reduce(ddp_ms, op=dist.ReduceOp.MAX)
+        one_ms = torch.zeros(1, dtype=torch.float64, device=ddp_ms.device)
+        if base is not None:
+            one_ms.fill_(_window_ms(base.step, batches, args.throughput_steps, cuda))
+        dist.broadcast(one_ms, 0)
+        pairs.append({"ddp_ms": ddp_ms.item(), "one_gpu_ms": one_ms.item(),
+                      "speedup": world * one_ms.item() / ddp_ms.item()})
+    return {"paired_windows": pairs, "paired_speedup_median": statistics.median(p["speedup"] for p in pairs),
+            "paired_one_gpu_ms_median": statistics.median(p["one_gpu_ms"] for p in pairs),
+            "paired_ddp_ms_median": statistics.median(p["ddp_ms"] for p in pairs)}
 
 
 def measure_sync_cost(args, ddp, model, agent, fwd_bwd, load, cuda, timer) -> dict:
@@ -635,6 +690,10 @@ def parse_args(argv=None):
                         "beforehand; the slowest rank's time): the throughput metric (default 50 on CUDA, 0 on the CPU)")
     p.add_argument("--throughput-windows", type=int, default=5, metavar="W",
                    help="time W such windows of K steps; the median window is the metric")
+    p.add_argument("--paired-baseline", action="store_true",
+                   help="on 2+ ranks, also time the one-process run (no DDP) on rank 0 within this launch, in "
+                        "windows alternating with the DDP ones: each pair's scaling, and their median "
+                        "(paired_speedup_median)")
     p.add_argument("--profile-steps", type=int, default=0, metavar="K",
                    help="CUDA: profile K more steps back to back and split each step's GPU time into compute, "
                         "NCCL (exposed or beside compute) and idle, per rank")
@@ -764,6 +823,12 @@ def summarize(args, result) -> None:
         print(f"throughput: {result['throughput_steps']} steps back to back, {result['throughput_step_ms']:.3f} ms "
               f"a step ({result['throughput_samples_per_s']:.0f} samples/s global; median of {len(windows)} windows, "
               f"{min(windows):.3f}-{max(windows):.3f} ms)")
+    if "paired_speedup_median" in result:
+        pairs = result["paired_windows"]
+        print(f"paired with one process on GPU 0 in alternating windows: median scaling "
+              f"{result['paired_speedup_median']:.3f}x (throughput; DDP {result['paired_ddp_ms_median']:.3f} ms, "
+              f"1 GPU {result['paired_one_gpu_ms_median']:.3f} ms a step; pairs "
+              + ", ".join(f"{p['speedup']:.3f}" for p in pairs) + ")")
     for rank, t in enumerate(result.get("gpu_timeline", {}).get("per_rank", [])):
         if "span_ms" not in t:
             print(f"GPU timeline rank {rank}: the profiler saw no kernels")

@@ -34,9 +34,25 @@ def rounds_summary(rows: list) -> list:
         median = statistics.median(speedups)
         out.append({"run": stem, "rounds": [k for k, _ in members], "speedup_rounds": speedups,
                     "speedup_median": median, "meets_1.9x": median >= 1.9,
+                    "paired_speedup_rounds": [r.get("paired_speedup_median") for _, r in members],
                     "throughput_step_ms_2gpu_rounds": [r.get("throughput_step_ms_2gpu") for _, r in members],
                     "throughput_step_ms_1gpu_rounds": [r.get("throughput_step_ms_1gpu") for _, r in members]})
     return out
+
+
+def kernel_diff(two: dict, one: dict, top: int = 15) -> list:
+    """What a step on 2 GPUs runs beyond a step on 1: per kernel name in either profile's table
+    (gpu_timeline's kernel_table, one rank's), the change in its count and its time a step, the
+    ``top`` largest changes of time first."""
+    a = {k["name"]: k for k in one.get("kernel_table", [])}
+    b = {k["name"]: k for k in two.get("kernel_table", [])}
+    rows = []
+    for name in set(a) | set(b):
+        ka, kb = a.get(name, {}), b.get(name, {})
+        rows.append({"name": name, "per_step_1gpu": ka.get("per_step", 0.0), "per_step_2gpu": kb.get("per_step", 0.0),
+                     "us_per_step_added": kb.get("us_per_step", 0.0) - ka.get("us_per_step", 0.0)})
+    rows.sort(key=lambda r: -abs(r["us_per_step_added"]))
+    return rows[:top]
 
 
 def main(folder: str) -> int:
@@ -49,8 +65,8 @@ def main(folder: str) -> int:
             continue
         stem = name[: -len("_2gpu")]
         # the 1-GPU baseline: the same run's, else the same model, mode and N without the DDP-only
-        # settings in the name (bucket size, NCCL CTAs)
-        base = stem + "_1gpu" if stem + "_1gpu" in runs else re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+", "", stem) + "_1gpu"
+        # settings in the name (bucket size, NCCL CTAs, bucket views)
+        base = stem + "_1gpu" if stem + "_1gpu" in runs else re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+|_view", "", stem) + "_1gpu"
         one = runs.get(base)
         row = {"run": stem, "step_ms_2gpu": two["median_step_ms"], "samples_per_s_2gpu": two["samples_per_s"]}
         if one:
@@ -69,6 +85,10 @@ def main(folder: str) -> int:
             row["speedup"] = row["speedup_per_step_median"]
         if one:
             row["meets_1.9x"] = row["speedup"] >= 1.9
+        if "paired_speedup_median" in two:  # the 1-GPU run timed within the same launch (--paired-baseline)
+            row.update(paired_speedup_median=two["paired_speedup_median"],
+                       paired_ddp_ms_median=two["paired_ddp_ms_median"],
+                       paired_one_gpu_ms_median=two["paired_one_gpu_ms_median"])
         for key in ("allreduce_exposed_ms_median", "allreduce_overlapped_ms_median", "allreduce_busy_ms_median",
                     "buckets_per_step"):
             if key in two:
@@ -76,6 +96,8 @@ def main(folder: str) -> int:
         for gpus, run in (("2gpu", two), ("1gpu", one)):
             if run and "gpu_timeline" in run:  # ms a step per rank: span = compute + NCCL exposed + idle
                 row[f"gpu_timeline_{gpus}"] = run["gpu_timeline"]["per_rank"]
+        if one and "gpu_timeline" in one and "gpu_timeline" in two:  # rank 0's kernels against the 1-GPU run's
+            row["kernel_diff_rank0"] = kernel_diff(two["gpu_timeline"]["per_rank"][0], one["gpu_timeline"]["per_rank"][0])
         if "allreduce_added" in two:
             row["allreduce_added_ms"] = two["allreduce_added"]["added_ms"]
         same = runs.get(stem + "_1gpu_samebatch")

@@ -4,9 +4,12 @@
 #   2 GPUs:  bash tests/gpu_ddp.sh            (gradients, throughput 1 vs 2 GPUs, loss curves)
 #   1 GPU:   ONE_GPU=1 bash tests/gpu_ddp.sh  (two processes sharing the GPU through gloo)
 # Results: $OUT (default gpu_results/ddp): one JSON per run, summary.json, loss_curves_1_vs_2_gpus.png,
-# and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 7 minutes
-# on two H200s, 2 of them test_ddp.py's (each run starts its processes anew: ~15 s); COMPILE=1 adds
-# torch.compile's runs.
+# and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 10 minutes
+# on two H200s, 2 of them test_ddp.py's (each launch starts its processes anew: 15-25 s); COMPILE=1
+# adds torch.compile's runs.  PHASES picks the parts, in this order (default all of them), so that
+# one build's evidence can be gathered in sittings of a few minutes into one OUT:
+#   checks (gradients), rounds (throughput, 1 vs 2 GPUs at N), small (at N/4), eager, curves, report,
+#   pytest (test_ddp.py's 2-GPU tests; PYTEST=0 leaves them out too)
 # RUN_TIMEOUT (default 300 s) stops a run that hangs.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its relatives, below, unless already set).
 set -uo pipefail
@@ -24,10 +27,12 @@ run() {  # run NAME NPROC ARGS...
   echo "== $name: $nproc process(es): $*"
   timeout "${RUN_TIMEOUT:-300}" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$nproc" examples/ddp_ppo.py "$@" \
     --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-  echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|throughput:|GPU timeline|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
+  echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|throughput:|paired|GPU timeline|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
 }
 "$PYTHON" -P -m cutlass_ops info > "$OUT/info.json" 2>&1
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
+PHASES=" ${PHASES:-checks rounds small eager curves report pytest} "
+phase() { [[ "$PHASES" == *" $1 "* ]]; }
 
 if [ "${ONE_GPU:-0}" = 1 ]; then
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
@@ -40,46 +45,65 @@ if [ "${ONE_GPU:-0}" = 1 ]; then
 fi
 
 # 1. gradients: NCCL, one step (two, with the rebuilt buckets) vs one process on the concatenated batch
-run check_fp16 2 --check-grads --dtype float16 --batch 256
-run check_bf16 2 --check-grads --dtype bfloat16 --batch 256
-run check_fp32 2 --check-grads --dtype float32 --batch 64
-run check_fp16_static 2 --check-grads --dtype float16 --batch 256 --static-graph
-run check_fp16_bucketview 2 --check-grads --dtype float16 --batch 256 --grad-as-bucket-view
-run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
+if phase checks; then
+  run check_fp16 2 --check-grads --dtype float16 --batch 256
+  run check_bf16 2 --check-grads --dtype bfloat16 --batch 256
+  run check_fp32 2 --check-grads --dtype float32 --batch 64
+  run check_fp16_static 2 --check-grads --dtype float16 --batch 256 --static-graph
+  run check_fp16_bucketview 2 --check-grads --dtype float16 --batch 256 --grad-as-bucket-view
+  run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
+fi
 # 2. throughput at N per GPU against 1 GPU at N (its baseline), in ROUNDS rounds of launches side by side:
 # 1 GPU, 2 GPUs with DDP's default 25 MiB buckets, 2 GPUs with each of BUCKETS (MiB; small enough to
 # overlap the backward inside the graph).  Launches of one run differed by up to 15% on an H200, so each
 # round's 2-GPU runs are compared with that round's 1-GPU run and the report takes the median round.
 # Round 1 also profiles (--profile-steps: each step's GPU time split into compute, NCCL exposed and idle,
-# per rank).  CTAS (e.g. "4") adds runs with at most that many NCCL CTAs beside the convs.
-for r in $(seq 1 "${ROUNDS:-3}"); do
-  prof=(); [ "$r" = 1 ] && prof=(--profile-steps 5)
-  run "fused_graph_n${N}_round${r}_1gpu" 1 --batch "$N" --steps "$STEPS" --graph --static-graph --no-ddp "${prof[@]}"
-  run "fused_graph_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph "${prof[@]}"
-  for b in ${BUCKETS:-8}; do
-    run "fused_graph_bucket${b}mb_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph \
-      --bucket-cap-mb "$b" "${prof[@]}"
-    for c in ${CTAS:-}; do
-      run "fused_graph_bucket${b}mb_ctas${c}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph \
-        --static-graph --bucket-cap-mb "$b" --nccl-max-ctas "$c" "${prof[@]}"
+# per rank, and a table of kernels by name: the report's kernel_diff_rank0 names what DDP adds to a
+# step).  Every 2-GPU run also times one process on GPU 0 in windows alternating with its own
+# (--paired-baseline: paired_speedup_median, the scaling with the machine's drift taken out).
+# VIEWS: 0 (DDP copies each gradient into its bucket and back) and/or 1 (the gradients are
+# views of the buckets: --grad-as-bucket-view, one copy a parameter less), for each of BUCKETS.
+# CTAS (e.g. "4") adds runs with at most that many NCCL CTAs beside the convs.
+if phase rounds; then
+  for r in $(seq 1 "${ROUNDS:-3}"); do
+    prof=(); [ "$r" = 1 ] && prof=(--profile-steps 5)
+    run "fused_graph_n${N}_round${r}_1gpu" 1 --batch "$N" --steps "$STEPS" --graph --static-graph --no-ddp "${prof[@]}"
+    run "fused_graph_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph --paired-baseline \
+      "${prof[@]}"
+    for b in ${BUCKETS:-8}; do
+      for v in ${VIEWS:-0 1}; do
+        view=(); tag=""; [ "$v" = 1 ] && { view=(--grad-as-bucket-view); tag=_view; }
+        run "fused_graph_bucket${b}mb${tag}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph \
+          --static-graph --bucket-cap-mb "$b" "${view[@]}" --paired-baseline "${prof[@]}"
+      done
+      for c in ${CTAS:-}; do
+        run "fused_graph_bucket${b}mb_ctas${c}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph \
+          --static-graph --bucket-cap-mb "$b" --nccl-max-ctas "$c" "${prof[@]}"
+      done
     done
   done
-done
-run "fused_graph_n$((N / 4))_1gpu" 1 --batch $((N / 4)) --steps "$STEPS" --graph --static-graph --no-ddp
-run "fused_graph_n$((N / 4))_2gpu" 2 --batch $((N / 4)) --steps "$STEPS" --graph --static-graph
+fi
+if phase small; then
+  run "fused_graph_n$((N / 4))_1gpu" 1 --batch $((N / 4)) --steps "$STEPS" --graph --static-graph --no-ddp
+  run "fused_graph_n$((N / 4))_2gpu" 2 --batch $((N / 4)) --steps "$STEPS" --graph --static-graph --paired-baseline
+fi
 # eager (host-bound at this size): the all-reduce timed, overlap and exposed time, and what it adds
-run "fused_eager_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --measure-allreduce 5
-run "fused_eager_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --no-ddp
+if phase eager; then
+  run "fused_eager_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --measure-allreduce 5
+  run "fused_eager_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --no-ddp
+fi
 # torch.compile under DDP (minutes of compiling): COMPILE=1
 if [ "${COMPILE:-0}" = 1 ]; then
   run "fused_compile_n${N}_2gpu" 2 --batch "$N" --steps "$STEPS" --compile
   run "fused_compile_n${N}_1gpu" 1 --batch "$N" --steps "$STEPS" --compile --no-ddp
 fi
 # 3. loss curves: 2 GPUs at N against 1 GPU at 2N (the same global batch), CURVE_STEPS updates
-run curve_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph
-run curve_1gpu_samebatch 1 --batch $((2 * N)) --steps "$CURVE_STEPS" --graph --static-graph --no-ddp
-"$PYTHON" examples/ddp_ppo_report.py "$OUT"
+if phase curves; then
+  run curve_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph
+  run curve_1gpu_samebatch 1 --batch $((2 * N)) --steps "$CURVE_STEPS" --graph --static-graph --no-ddp
+fi
+phase report && "$PYTHON" examples/ddp_ppo_report.py "$OUT"
 # the 2-GPU tests of test_ddp.py (about 2 minutes; PYTEST=0 leaves them out)
-if [ "${PYTEST:-1}" = 1 ]; then
+if phase pytest && [ "${PYTEST:-1}" = 1 ]; then
   "$PYTHON" -P -m pytest -p no:cacheprovider -ra tests/python/test_ddp.py 2>&1 | tail -20 | tee "$OUT/pytest.txt"
 fi

@@ -96,7 +96,8 @@ CPU_RUNS = {  # started together (the 2-core CI machine runs them side by side),
     "ignored": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--check-steps", 1,
                 "--ignore-param", "encoder.layers.2.0.fixup_scale"),
     "train2": (2, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
-               "--batch", 2, "--bucket-cap-mb", 0.05, "--throughput-steps", 2, "--throughput-windows", 3),
+               "--batch", 2, "--bucket-cap-mb", 0.05, "--throughput-steps", 2, "--throughput-windows", 3,
+               "--paired-baseline"),
     "train1": (1, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
                "--batch", 4),
 }
@@ -169,6 +170,12 @@ def test_two_ranks_train_like_one_rank_on_the_same_global_batch(cpu_runs):
     assert two["throughput_step_ms"] == sorted(two["throughput_windows_ms"])[1]
     assert two["throughput_samples_per_s"] == pytest.approx(4 / (two["throughput_step_ms"] / 1e3))
     assert "throughput_step_ms" not in one  # off on the CPU unless asked for
+    # --paired-baseline: windows alternating with one process's on rank 0, each pair's scaling
+    pairs = two["paired_windows"]
+    assert len(pairs) == 3 and all(p["ddp_ms"] > 0 and p["one_gpu_ms"] > 0 for p in pairs)
+    assert all(p["speedup"] == pytest.approx(2 * p["one_gpu_ms"] / p["ddp_ms"]) for p in pairs)
+    assert two["paired_speedup_median"] == sorted(p["speedup"] for p in pairs)[1]
+    assert "paired_windows" not in one  # one process: nothing to pair with
     comm = two["comm_last_step"]
     assert two["buckets_per_step"] > 1 and all(b["done_ms"] >= b["ready_ms"] for b in comm["buckets"])
     assert comm["backward_compute_end_ms"] <= comm["backward_returned_ms"]
@@ -264,13 +271,34 @@ def test_report_compares_each_round_with_its_own_baseline(tmp_path):
     for k in range(3):
         write(f"fused_graph_n8_round{k + 1}_1gpu", one[k], 1)
         write(f"fused_graph_bucket8mb_n8_round{k + 1}_2gpu", two[k], 2)
+        write(f"fused_graph_bucket8mb_view_n8_round{k + 1}_2gpu", two[k], 2)
     assert report.main(str(tmp_path)) == 0
     rows = {r["run"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert rows["fused_graph_bucket8mb_n8_round2"]["baseline_1gpu"] == "fused_graph_n8_round2_1gpu"
+    assert rows["fused_graph_bucket8mb_view_n8_round2"]["baseline_1gpu"] == "fused_graph_n8_round2_1gpu"
     summary = rows["fused_graph_bucket8mb_n8"]
     assert summary["rounds"] == [1, 2, 3]
     assert summary["speedup_rounds"] == pytest.approx([2 * 4.0 / 4.4, 2.0, 2 * 3.0 / 3.3])
     assert summary["speedup_median"] == pytest.approx(2 * 4.0 / 4.4) and not summary["meets_1.9x"]
+
+
+def test_report_kernel_diff_names_what_ddp_adds():
+    """ddp_ppo_report.kernel_diff: per kernel name, the counts a step on 1 and 2 GPUs and the time
+    a step the 2-GPU run adds, largest change first; a kernel in one table only counts as 0 in
+    the other."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddp_ppo_report", EXAMPLE.parent / "ddp_ppo_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    one = {"kernel_table": [{"name": "conv", "per_step": 10.0, "us_per_step": 300.0},
+                            {"name": "adam", "per_step": 2.0, "us_per_step": 20.0}]}
+    two = {"kernel_table": [{"name": "conv", "per_step": 10.0, "us_per_step": 310.0},
+                            {"name": "copy", "per_step": 53.0, "us_per_step": 120.0},
+                            {"name": "ncclAllReduce", "per_step": 1.0, "us_per_step": 200.0}]}
+    rows = report.kernel_diff(two, one, top=3)
+    assert [r["name"] for r in rows] == ["ncclAllReduce", "copy", "adam"]
+    assert rows[1] == {"name": "copy", "per_step_1gpu": 0.0, "per_step_2gpu": 53.0, "us_per_step_added": 120.0}
+    assert rows[2]["us_per_step_added"] == -20.0 and rows[2]["per_step_2gpu"] == 0.0
 
 
 @pytest.mark.skipif(GPUS < 1, reason="needs a GPU (and a CUDA build)")
