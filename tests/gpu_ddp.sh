@@ -4,9 +4,10 @@
 #   2 GPUs:  bash tests/gpu_ddp.sh            (gradients, throughput 1 vs 2 GPUs, loss curves)
 #   1 GPU:   ONE_GPU=1 bash tests/gpu_ddp.sh  (two processes sharing the GPU through gloo)
 # Results: $OUT (default gpu_results/ddp): one JSON per run, summary.json, loss_curves_1_vs_2_gpus.png,
-# and each run's log.  A run that fails is recorded (its log) and the script goes on.  About 10 minutes
-# on two H200s, 2 of them test_ddp.py's (each launch starts its processes anew: 15-25 s); COMPILE=1
-# adds torch.compile's runs.  PHASES picks the parts, in this order (default all of them), so that
+# each run's log, and gpu_clocks.csv (clocks, heat, power) beside launches.txt (when each run started).
+# A run that fails is recorded (its log) and the script goes on.  About 10 minutes on two H200s, 2 of
+# them test_ddp.py's (each launch starts its processes anew: 15-25 s); COMPILE=1 adds torch.compile's
+# runs.  PHASES picks the parts, in this order (default all of them), so that
 # one build's evidence can be gathered in sittings of a few minutes into one OUT:
 #   checks (gradients), rounds (throughput, 1 vs 2 GPUs at N), small (at N/4), eager, curves, report,
 #   pytest (test_ddp.py's 2-GPU tests; PYTEST=0 leaves them out too)
@@ -25,12 +26,21 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=
 run() {  # run NAME NPROC ARGS...
   local name=$1 nproc=$2; shift 2
   echo "== $name: $nproc process(es): $*"
+  echo "$(date -u '+%Y/%m/%d %H:%M:%S') start $name" >> "$OUT/launches.txt"
   timeout "${RUN_TIMEOUT:-300}" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$nproc" examples/ddp_ppo.py "$@" \
     --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
   echo "   rc=$? ; $(grep -E 'PASSED|FAILED|step: median|throughput:|paired|GPU timeline|all-reduce|adds' "$OUT/$name.log" | tr '\n' ' ')"
 }
 "$PYTHON" -P -m cutlass_ops info > "$OUT/info.json" 2>&1
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
+# every GPU's SM clock, temperature, power and clock-event reasons twice a second, beside the launch
+# times in launches.txt: whether a slower launch ran at lower clocks (heat, power) or not
+Q=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_event_reasons.active
+nvidia-smi --query-gpu=$Q --format=csv >/dev/null 2>&1 || Q=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,power.draw
+nvidia-smi --query-gpu=$Q --format=csv -lms 500 >> "$OUT/gpu_clocks.csv" 2>&1 &
+SAMPLER=$!
+trap 'kill $SAMPLER 2>/dev/null' EXIT
+trap 'exit 143' TERM INT
 PHASES=" ${PHASES:-checks rounds small eager curves report pytest} "
 phase() { [[ "$PHASES" == *" $1 "* ]]; }
 
