@@ -44,6 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cutlass_ops.distributed import flatten_parameters, named_gradients
+
 ACTIONS = 4
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
@@ -256,8 +258,14 @@ def wrap(agent, args, device):
 
 
 def flat_grads(agent) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.full_like(p, float("nan"))).detach()
-                      .double().reshape(-1) for p in agent.parameters()])
+    """Every parameter's gradient (NaN where none), as named before any flatten_parameters, in one vector."""
+    return torch.cat([(g if g is not None else torch.full_like(p, float("nan"))).detach().double().reshape(-1)
+                      for _, p, g in named_gradients(agent)])
+
+
+def prepare(agent: nn.Module, args) -> nn.Module:
+    """--flat-params: cutlass_ops.flatten_parameters on the whole agent (after randomize)."""
+    return flatten_parameters(agent) if args.flat_params else agent
 
 
 # ---- --check-grads ---------------------------------------------------------------------------
@@ -275,8 +283,9 @@ def check_grads(args, rank, world, device) -> dict:
     agent = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
     randomize(agent, args.seed)
     state = {k: v.clone() for k, v in agent.state_dict().items()}
+    agent = prepare(agent, args)
     ddp = wrap(agent, args, device)
-    names = [name for name, _ in agent.named_parameters()]
+    names = [name for name, _, _ in named_gradients(agent)]
     model = torch.compile(ddp, backend=args.compile_backend) if args.compile else ddp
     single = ref64 = None
     if rank == 0:
@@ -298,7 +307,7 @@ def check_grads(args, rank, world, device) -> dict:
         gathered = [torch.empty_like(synced) for _ in range(world)]
         dist.all_gather(gathered, synced)
         record = {"step": step, "loss": loss.item(),
-                  "grads_missing": sum(p.grad is None for p in agent.parameters())}
+                  "grads_missing": sum(g is None for _, _, g in named_gradients(agent))}
         if rank == 0:
             record["cross_rank_max_abs_diff"] = max((g - gathered[0]).abs().max().item() for g in gathered)
             full = batch_for(step, 0, n * world, chunk, args.in_channels, args.image, args.seed, device)
@@ -312,7 +321,7 @@ def check_grads(args, rank, world, device) -> dict:
                 ppo_loss(ref64, full[0].double(), *full[1:]).backward()
                 exact = {name: p.grad.detach().double() for name, p in ref64.named_parameters()}
             per_param, offset = {}, 0
-            for name, p in agent.named_parameters():
+            for name, p, _ in named_gradients(agent):
                 ddp_g = synced[offset:offset + p.numel()].reshape(p.shape)
                 offset += p.numel()
                 row = {"numel": p.numel(), "dtype": str(p.dtype)[6:], "max_abs_err": (ddp_g - ref[name]).abs().max().item(),
@@ -342,7 +351,7 @@ def check_grads(args, rank, world, device) -> dict:
         # The all-reduce must give the mean of the ranks' local gradients (step 0's data and weights),
         # per parameter dtype (float32 FixUp scalars and SE weights round at 1e-7).
         mean_local, offset, worst = torch.stack(gathered).mean(0), 0, {}
-        for p in agent.parameters():
+        for _, p, _ in named_gradients(agent):
             a, b = first_synced[offset:offset + p.numel()], mean_local[offset:offset + p.numel()]
             offset += p.numel()
             key = str(p.dtype)[6:]
@@ -362,6 +371,8 @@ def build_step(args, rank, device, use_ddp: bool) -> SimpleNamespace:
     n, chunk, cuda = args.batch, args.data_chunk, device.type == "cuda"
     agent = make_agent(args.model, args.in_channels, args.base_planes, args.image, device, pdtype)
     randomize(agent, args.seed)
+    if use_ddp:  # (the one-process baseline as one GPU runs best: unflattened)
+        agent = prepare(agent, args)
     side = torch.cuda.Stream(device) if args.graph else None
     with torch.cuda.stream(side) if side is not None else nullcontext():
         model = ddp = wrap(agent, args, device) if use_ddp else agent
@@ -690,6 +701,9 @@ def parse_args(argv=None):
                         "beforehand; the slowest rank's time): the throughput metric (default 50 on CUDA, 0 on the CPU)")
     p.add_argument("--throughput-windows", type=int, default=5, metavar="W",
                    help="time W such windows of K steps; the median window is the metric")
+    p.add_argument("--flat-params", action="store_true",
+                   help="cutlass_ops.flatten_parameters on the agent: one flat parameter, so that DDP copies one "
+                        "gradient a step instead of 54 (its all-reduce then starts after the backward)")
     p.add_argument("--paired-baseline", action="store_true",
                    help="on 2+ ranks, also time the one-process run (no DDP) on rank 0 within this launch, in "
                         "windows alternating with the DDP ones: each pair's scaling, and their median "
@@ -733,6 +747,9 @@ def main(argv=None) -> int:
     args.data_chunk = math.gcd(args.batch, args.data_chunk)
     if args.no_ddp and world != 1:
         raise SystemExit("--no-ddp is the one-process baseline: world size 1")
+    if args.no_ddp and args.flat_params:
+        raise SystemExit("--flat-params is for DDP (one gradient to copy into its bucket); the one-process "
+                         "baseline runs unflattened")
     torch.manual_seed(args.seed)
     result = {"args": vars(args), "environment": environment(device, backend, world, shared)}
     ok = True

@@ -40,6 +40,12 @@ def rounds_summary(rows: list) -> list:
     return out
 
 
+def _plain(stem: str) -> str:
+    """A run's name without its DDP-only settings (bucket size, NCCL CTAs, bucket views, flat
+    parameters): the name of its 1-GPU baseline's stem."""
+    return re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+|_view|_flat", "", stem)
+
+
 def kernel_diff(two: dict, one: dict, top: int = 15) -> list:
     """What a step on 2 GPUs runs beyond a step on 1: per kernel name in either profile's table
     (gpu_timeline's kernel_table, one rank's), the change in its count and its time a step, the
@@ -65,8 +71,8 @@ def main(folder: str) -> int:
             continue
         stem = name[: -len("_2gpu")]
         # the 1-GPU baseline: the same run's, else the same model, mode and N without the DDP-only
-        # settings in the name (bucket size, NCCL CTAs, bucket views)
-        base = stem + "_1gpu" if stem + "_1gpu" in runs else re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+|_view", "", stem) + "_1gpu"
+        # settings in the name (bucket size, NCCL CTAs, bucket views, flat parameters)
+        base = stem + "_1gpu" if stem + "_1gpu" in runs else _plain(stem) + "_1gpu"
         one = runs.get(base)
         row = {"run": stem, "step_ms_2gpu": two["median_step_ms"], "samples_per_s_2gpu": two["samples_per_s"]}
         if one:
@@ -100,7 +106,7 @@ def main(folder: str) -> int:
             row["kernel_diff_rank0"] = kernel_diff(two["gpu_timeline"]["per_rank"][0], one["gpu_timeline"]["per_rank"][0])
         if "allreduce_added" in two:
             row["allreduce_added_ms"] = two["allreduce_added"]["added_ms"]
-        same = runs.get(stem + "_1gpu_samebatch")
+        same = runs.get(stem + "_1gpu_samebatch") or runs.get(_plain(stem) + "_1gpu_samebatch")
         if same:
             row["max_rel_loss_diff_vs_1gpu_same_global_batch"] = max(
                 abs(a - b) / max(abs(b), 1e-12) for a, b in zip(two["losses"], same["losses"]))
@@ -116,8 +122,8 @@ def main(folder: str) -> int:
     except ImportError:
         print("no matplotlib: no PNG")
         return 0
-    curves = [(r["run"], runs[r["run"] + "_2gpu"], runs.get(r["run"] + "_1gpu_samebatch")) for r in rows
-              if r["run"] + "_2gpu" in runs]
+    curves = [(r["run"], runs[r["run"] + "_2gpu"], runs.get(r["run"] + "_1gpu_samebatch")
+               or runs.get(_plain(r["run"]) + "_1gpu_samebatch")) for r in rows if r["run"] + "_2gpu" in runs]
     curves = [c for c in curves if c[2]]
     if curves:
         fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)

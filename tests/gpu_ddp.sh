@@ -61,35 +61,35 @@ if phase checks; then
   run check_fp32 2 --check-grads --dtype float32 --batch 64
   run check_fp16_static 2 --check-grads --dtype float16 --batch 256 --static-graph
   run check_fp16_bucketview 2 --check-grads --dtype float16 --batch 256 --grad-as-bucket-view
+  run check_fp16_flat 2 --check-grads --dtype float16 --batch 256 --flat-params --grad-as-bucket-view
   run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
 fi
 # 2. throughput at N per GPU against 1 GPU at N (its baseline), in ROUNDS rounds of launches side by side:
-# 1 GPU, 2 GPUs with DDP's default 25 MiB buckets, 2 GPUs with each of BUCKETS (MiB; small enough to
-# overlap the backward inside the graph).  Launches of one run differed by up to 15% on an H200, so each
+# 1 GPU, 2 GPUs with DDP's default 25 MiB buckets, 2 GPUs in each of VARIANTS (below).  Launches of one run differed by up to 15% on an H200, so each
 # round's 2-GPU runs are compared with that round's 1-GPU run and the report takes the median round.
 # Round 1 also profiles (--profile-steps: each step's GPU time split into compute, NCCL exposed and idle,
 # per rank, and a table of kernels by name: the report's kernel_diff_rank0 names what DDP adds to a
 # step).  Every 2-GPU run also times one process on GPU 0 in windows alternating with its own
 # (--paired-baseline: paired_speedup_median, the scaling with the machine's drift taken out).
-# VIEWS: 0 (DDP copies each gradient into its bucket and back) and/or 1 (the gradients are
-# views of the buckets: --grad-as-bucket-view, one copy a parameter less), for each of BUCKETS.
-# CTAS (e.g. "4") adds runs with at most that many NCCL CTAs beside the convs.
+# VARIANTS: the 2-GPU configurations besides DDP's defaults, NAME:FLAGS each (FLAGS comma-separated):
+# 8 MiB buckets with gradient bucket views (one copy a parameter less), and the agent flattened
+# into one parameter (--flat-params: one gradient to copy, no overlap) with views.
+# CTAS (e.g. "4") adds runs with at most that many NCCL CTAs beside the convs (8 MiB buckets).
+DEFAULT_VARIANTS="bucket8mb_view:--bucket-cap-mb,8,--grad-as-bucket-view flat_view:--flat-params,--grad-as-bucket-view"
 if phase rounds; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
     prof=(); [ "$r" = 1 ] && prof=(--profile-steps 5)
     run "fused_graph_n${N}_round${r}_1gpu" 1 --batch "$N" --steps "$STEPS" --graph --static-graph --no-ddp "${prof[@]}"
     run "fused_graph_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph --paired-baseline \
       "${prof[@]}"
-    for b in ${BUCKETS:-8}; do
-      for v in ${VIEWS:-0 1}; do
-        view=(); tag=""; [ "$v" = 1 ] && { view=(--grad-as-bucket-view); tag=_view; }
-        run "fused_graph_bucket${b}mb${tag}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph \
-          --static-graph --bucket-cap-mb "$b" "${view[@]}" --paired-baseline "${prof[@]}"
-      done
-      for c in ${CTAS:-}; do
-        run "fused_graph_bucket${b}mb_ctas${c}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph \
-          --static-graph --bucket-cap-mb "$b" --nccl-max-ctas "$c" "${prof[@]}"
-      done
+    for v in ${VARIANTS:-$DEFAULT_VARIANTS}; do
+      IFS=, read -r -a flags <<< "${v#*:}"
+      run "fused_graph_${v%%:*}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph \
+        "${flags[@]}" --paired-baseline "${prof[@]}"
+    done
+    for c in ${CTAS:-}; do
+      run "fused_graph_bucket8mb_ctas${c}_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph \
+        --static-graph --bucket-cap-mb 8 --nccl-max-ctas "$c" "${prof[@]}"
     done
   done
 fi
@@ -110,6 +110,7 @@ fi
 # 3. loss curves: 2 GPUs at N against 1 GPU at 2N (the same global batch), CURVE_STEPS updates
 if phase curves; then
   run curve_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph
+  run curve_flat_view_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph --flat-params --grad-as-bucket-view
   run curve_1gpu_samebatch 1 --batch $((2 * N)) --steps "$CURVE_STEPS" --graph --static-graph --no-ddp
 fi
 phase report && "$PYTHON" examples/ddp_ppo_report.py "$OUT"

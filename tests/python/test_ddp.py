@@ -93,6 +93,8 @@ CPU_RUNS = {  # started together (the 2-core CI machine runs them side by side),
     "float64": (2, "--check-grads", "--dtype", "float64", "--batch", 2),
     "static": (2, "--check-grads", "--dtype", "float32", "--batch", 2, "--static-graph", "--grad-as-bucket-view",
                "--bucket-cap-mb", 0.05),
+    "flat": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--flat-params", "--static-graph",
+             "--grad-as-bucket-view"),
     "ignored": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--check-steps", 1,
                 "--ignore-param", "encoder.layers.2.0.fixup_scale"),
     "train2": (2, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
@@ -123,6 +125,19 @@ def assert_check_passed(rc, report, text, world=2):
         assert len(rec["params"]) == len(report["params"]) == 54  # FusedResNet's 48 + the head's 6
     # ... and the ranks' own gradients (no sync) differ, so the equality above means something.
     assert report["local_cross_rank_max_abs_diff"] > 1e-3
+
+
+def test_ddp_flat_parameters_gradients_equal_one_process(cpu_runs):
+    """--flat-params (cutlass_ops.flatten_parameters: DDP sees one parameter per dtype, its
+    gradient one vector): every original parameter's gradient, read as a view of the flat one,
+    equals one process's on the concatenated batch, as unflattened."""
+    rc, report, text = cpu_runs["flat"].result()
+    assert_check_passed(rc, report, text)
+    assert report["args"]["flat_params"]
+    for rec in report["check_steps"]:
+        for name, row in rec["params"].items():
+            assert row["rel_err"] <= (1e-12 if row["dtype"] == "float64" else 1e-4), (name, row)
+            assert row["ref_norm"] > 0, name
 
 
 def test_ddp_gradients_equal_one_process_on_the_concatenated_batch_float64(cpu_runs):
@@ -272,10 +287,12 @@ def test_report_compares_each_round_with_its_own_baseline(tmp_path):
         write(f"fused_graph_n8_round{k + 1}_1gpu", one[k], 1)
         write(f"fused_graph_bucket8mb_n8_round{k + 1}_2gpu", two[k], 2)
         write(f"fused_graph_bucket8mb_view_n8_round{k + 1}_2gpu", two[k], 2)
+        write(f"fused_graph_flat_view_n8_round{k + 1}_2gpu", two[k], 2)
     assert report.main(str(tmp_path)) == 0
     rows = {r["run"]: r for r in json.loads((tmp_path / "summary.json").read_text())}
     assert rows["fused_graph_bucket8mb_n8_round2"]["baseline_1gpu"] == "fused_graph_n8_round2_1gpu"
     assert rows["fused_graph_bucket8mb_view_n8_round2"]["baseline_1gpu"] == "fused_graph_n8_round2_1gpu"
+    assert rows["fused_graph_flat_view_n8_round2"]["baseline_1gpu"] == "fused_graph_n8_round2_1gpu"
     summary = rows["fused_graph_bucket8mb_n8"]
     assert summary["rounds"] == [1, 2, 3]
     assert summary["speedup_rounds"] == pytest.approx([2 * 4.0 / 4.4, 2.0, 2 * 3.0 / 3.3])
