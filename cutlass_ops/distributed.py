@@ -18,6 +18,8 @@ flattened module (its one gradient is ready when its backward ends).  docs/ddp.m
 """
 from __future__ import annotations
 
+from typing import Callable, Hashable
+
 import torch
 from torch import nn
 
@@ -63,11 +65,16 @@ def is_flattened(module: nn.Module) -> bool:
     return getattr(module, "_flat_groups", None) is not None
 
 
-def flatten_parameters(module: nn.Module) -> nn.Module:
+def flatten_parameters(module: nn.Module, group: Callable[[str], Hashable] | None = None) -> nn.Module:
     """Replaces the module's parameters (all of them, in every submodule) by one flat parameter
     per (dtype, device), ``flat_parameter_<k>``, each old parameter a view of it with its shape
     and strides (a channels_last weight stays channels_last); values kept, gradients and
-    optimizer state not (flatten before building the optimizer).  Returns the module."""
+    optimizer state not (flatten before building the optimizer).  Returns the module.
+
+    group: a function of each parameter's qualified name, for one flat parameter per (group,
+    dtype, device) instead: e.g. one per stage of a network, so that DDP all-reduces the last
+    stages' gradients while the backward runs through the first ones (a flat parameter's gradient
+    is ready when the backward has passed all of its members)."""
     if is_flattened(module):
         raise ValueError("flatten_parameters: the module is already flattened")
     entries = []  # (owner module, attribute, qualified name, parameter)
@@ -86,9 +93,9 @@ def flatten_parameters(module: nn.Module) -> nn.Module:
                              f"{p.stride()}); make it contiguous first")
     groups = {}
     for e in entries:
-        groups.setdefault((e[3].dtype, e[3].device), []).append(e)
+        groups.setdefault((None if group is None else group(e[2]), e[3].dtype, e[3].device), []).append(e)
     flat_groups = []
-    for k, ((dtype, device), members) in enumerate(groups.items()):
+    for k, ((_, dtype, device), members) in enumerate(groups.items()):
         layout, offset = [], 0
         for _, _, _, p in members:
             layout.append((offset, tuple(p.shape), tuple(p.stride()), _memory_order(tuple(p.shape), p.stride())))

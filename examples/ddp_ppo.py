@@ -263,9 +263,20 @@ def flat_grads(agent) -> torch.Tensor:
                       for _, p, g in named_gradients(agent)])
 
 
+def stage_of(name: str) -> int:
+    """The encoder stage a parameter belongs to (the stem with stage 0, the head with the last)."""
+    parts = name.split(".")
+    if parts[0] != "encoder":
+        return 3
+    return int(parts[2]) if parts[1] == "layers" else 0
+
+
 def prepare(agent: nn.Module, args) -> nn.Module:
-    """--flat-params: cutlass_ops.flatten_parameters on the whole agent (after randomize)."""
-    return flatten_parameters(agent) if args.flat_params else agent
+    """--flat-params: cutlass_ops.flatten_parameters on the whole agent (after randomize): one flat
+    parameter, or one per encoder stage."""
+    if args.flat_params is None:
+        return agent
+    return flatten_parameters(agent, group=stage_of if args.flat_params == "stages" else None)
 
 
 # ---- --check-grads ---------------------------------------------------------------------------
@@ -701,9 +712,10 @@ def parse_args(argv=None):
                         "beforehand; the slowest rank's time): the throughput metric (default 50 on CUDA, 0 on the CPU)")
     p.add_argument("--throughput-windows", type=int, default=5, metavar="W",
                    help="time W such windows of K steps; the median window is the metric")
-    p.add_argument("--flat-params", action="store_true",
-                   help="cutlass_ops.flatten_parameters on the agent: one flat parameter, so that DDP copies one "
-                        "gradient a step instead of 54 (its all-reduce then starts after the backward)")
+    p.add_argument("--flat-params", choices=["one", "stages"], default=None,
+                   help="cutlass_ops.flatten_parameters on the agent: one flat parameter (DDP copies one gradient "
+                        "a step instead of 54; its all-reduce starts after the backward), or one per encoder stage "
+                        "(4: the last stages' all-reduces overlap the first stages' backward)")
     p.add_argument("--paired-baseline", action="store_true",
                    help="on 2+ ranks, also time the one-process run (no DDP) on rank 0 within this launch, in "
                         "windows alternating with the DDP ones: each pair's scaling, and their median "
@@ -747,7 +759,7 @@ def main(argv=None) -> int:
     args.data_chunk = math.gcd(args.batch, args.data_chunk)
     if args.no_ddp and world != 1:
         raise SystemExit("--no-ddp is the one-process baseline: world size 1")
-    if args.no_ddp and args.flat_params:
+    if args.no_ddp and args.flat_params is not None:
         raise SystemExit("--flat-params is for DDP (one gradient to copy into its bucket); the one-process "
                          "baseline runs unflattened")
     torch.manual_seed(args.seed)

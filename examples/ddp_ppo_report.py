@@ -43,7 +43,7 @@ def rounds_summary(rows: list) -> list:
 def _plain(stem: str) -> str:
     """A run's name without its DDP-only settings (bucket size, NCCL CTAs, bucket views, flat
     parameters): the name of its 1-GPU baseline's stem."""
-    return re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+|_view|_flat", "", stem)
+    return re.sub(r"_bucket[0-9.]+mb|_ctas[0-9]+|_view|_flat|_stages", "", stem)
 
 
 def kernel_diff(two: dict, one: dict, top: int = 15) -> list:

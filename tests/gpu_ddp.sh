@@ -61,7 +61,8 @@ if phase checks; then
   run check_fp32 2 --check-grads --dtype float32 --batch 64
   run check_fp16_static 2 --check-grads --dtype float16 --batch 256 --static-graph
   run check_fp16_bucketview 2 --check-grads --dtype float16 --batch 256 --grad-as-bucket-view
-  run check_fp16_flat 2 --check-grads --dtype float16 --batch 256 --flat-params --grad-as-bucket-view
+  run check_fp16_flat 2 --check-grads --dtype float16 --batch 256 --flat-params stages --bucket-cap-mb 1 \
+    --grad-as-bucket-view
   run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
 fi
 # 2. throughput at N per GPU against 1 GPU at N (its baseline), in ROUNDS rounds of launches side by side:
@@ -72,10 +73,13 @@ fi
 # step).  Every 2-GPU run also times one process on GPU 0 in windows alternating with its own
 # (--paired-baseline: paired_speedup_median, the scaling with the machine's drift taken out).
 # VARIANTS: the 2-GPU configurations besides DDP's defaults, NAME:FLAGS each (FLAGS comma-separated):
-# 8 MiB buckets with gradient bucket views (one copy a parameter less), and the agent flattened
-# into one parameter (--flat-params: one gradient to copy, no overlap) with views.
+# 8 MiB buckets with gradient bucket views (one copy a parameter less); the agent flattened into
+# one parameter (--flat-params one: one gradient to copy, no overlap); and into one per encoder
+# stage (--flat-params stages, 1 MiB buckets: a bucket each, the last stages' all-reduces beside
+# the first stages' backward); both with views.
 # CTAS (e.g. "4") adds runs with at most that many NCCL CTAs beside the convs (8 MiB buckets).
-DEFAULT_VARIANTS="bucket8mb_view:--bucket-cap-mb,8,--grad-as-bucket-view flat_view:--flat-params,--grad-as-bucket-view"
+DEFAULT_VARIANTS="bucket8mb_view:--bucket-cap-mb,8,--grad-as-bucket-view flat_view:--flat-params,one,--grad-as-bucket-view
+  flat_stages_view:--flat-params,stages,--bucket-cap-mb,1,--grad-as-bucket-view"
 if phase rounds; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
     prof=(); [ "$r" = 1 ] && prof=(--profile-steps 5)
@@ -110,7 +114,10 @@ fi
 # 3. loss curves: 2 GPUs at N against 1 GPU at 2N (the same global batch), CURVE_STEPS updates
 if phase curves; then
   run curve_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph
-  run curve_flat_view_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph --flat-params --grad-as-bucket-view
+  run curve_flat_view_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph --flat-params one \
+    --grad-as-bucket-view
+  run curve_flat_stages_view_2gpu 2 --batch "$N" --steps "$CURVE_STEPS" --graph --static-graph --flat-params stages \
+    --bucket-cap-mb 1 --grad-as-bucket-view
   run curve_1gpu_samebatch 1 --batch $((2 * N)) --steps "$CURVE_STEPS" --graph --static-graph --no-ddp
 fi
 phase report && "$PYTHON" examples/ddp_ppo_report.py "$OUT"

@@ -93,8 +93,8 @@ CPU_RUNS = {  # started together (the 2-core CI machine runs them side by side),
     "float64": (2, "--check-grads", "--dtype", "float64", "--batch", 2),
     "static": (2, "--check-grads", "--dtype", "float32", "--batch", 2, "--static-graph", "--grad-as-bucket-view",
                "--bucket-cap-mb", 0.05),
-    "flat": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--flat-params", "--static-graph",
-             "--grad-as-bucket-view"),
+    "flat": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--flat-params", "stages", "--static-graph",
+             "--grad-as-bucket-view", "--bucket-cap-mb", 0.05),
     "ignored": (2, "--check-grads", "--dtype", "float64", "--batch", 2, "--check-steps", 1,
                 "--ignore-param", "encoder.layers.2.0.fixup_scale"),
     "train2": (2, "--dtype", "float64", "--steps", 3, "--warmup", 1, "--lr", 1e-3, "--data-chunk", 2,
@@ -128,12 +128,12 @@ def assert_check_passed(rc, report, text, world=2):
 
 
 def test_ddp_flat_parameters_gradients_equal_one_process(cpu_runs):
-    """--flat-params (cutlass_ops.flatten_parameters: DDP sees one parameter per dtype, its
-    gradient one vector): every original parameter's gradient, read as a view of the flat one,
-    equals one process's on the concatenated batch, as unflattened."""
+    """--flat-params stages (cutlass_ops.flatten_parameters: DDP sees one parameter per encoder
+    stage and dtype, each in its own small bucket): every original parameter's gradient, read as a
+    view of its flat one, equals one process's on the concatenated batch, as unflattened."""
     rc, report, text = cpu_runs["flat"].result()
     assert_check_passed(rc, report, text)
-    assert report["args"]["flat_params"]
+    assert report["args"]["flat_params"] == "stages"
     for rec in report["check_steps"]:
         for name, row in rec["params"].items():
             assert row["rel_err"] <= (1e-12 if row["dtype"] == "float64" else 1e-4), (name, row)

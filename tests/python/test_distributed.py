@@ -56,6 +56,18 @@ def test_views_keep_each_parameter_layout_and_see_optimizer_steps():
     assert torch.allclose(module[0].weight, before - 0.5 * grad)
 
 
+def test_groups_by_name():
+    """group=: one flat parameter per group (here per layer), each of them its members' values."""
+    module = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    want = {k: v.clone() for k, v in module.state_dict().items()}
+    flatten_parameters(module, group=lambda name: name.split(".")[0])
+    assert [(n, p.numel()) for n, p in module.named_parameters()] == [("flat_parameter_0", 16),
+                                                                       ("flat_parameter_1", 10)]
+    assert all(torch.equal(v, want[k]) for k, v in module.state_dict().items())
+    module(torch.randn(5, 3)).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
 def test_unused_parameter_gets_a_zero_gradient():
     class Two(nn.Module):
         def __init__(self):
