@@ -81,7 +81,7 @@ fi
 DEFAULT_VARIANTS="bucket8mb_view:--bucket-cap-mb,8,--grad-as-bucket-view flat_view:--flat-params,one,--grad-as-bucket-view
   flat_stages_view:--flat-params,stages,--bucket-cap-mb,1,--grad-as-bucket-view"
 if phase rounds; then
-  for r in $(seq 1 "${ROUNDS:-3}"); do
+  for r in ${ROUND_LIST:-$(seq 1 "${ROUNDS:-3}")}; do  # ROUND_LIST (e.g. "2 3"): the rounds of a later sitting
     prof=(); [ "$r" = 1 ] && prof=(--profile-steps 5)
     run "fused_graph_n${N}_round${r}_1gpu" 1 --batch "$N" --steps "$STEPS" --graph --static-graph --no-ddp "${prof[@]}"
     run "fused_graph_n${N}_round${r}_2gpu" 2 --batch "$N" --steps "$STEPS" --graph --static-graph --paired-baseline \
