@@ -10,13 +10,61 @@ Run names (file stems): <model>_<mode>_<gpus>gpu[_samebatch], e.g. fused_eager_2
 fused_eager_1gpu (N per GPU: the throughput baseline) and fused_eager_1gpu_samebatch (2N on
 one GPU: the loss-curve baseline).  Runs launched in rounds carry _round<k> before _<gpus>gpu:
 each is compared with its own round's 1-GPU run, and a row per configuration gives the speedup of
-every round and their median (`speedup_median`, the figure to quote).
+every round and their median (`speedup_median`, the figure to quote).  Where the folder has
+gpu_clocks.csv and launches.txt (tests/gpu_ddp.sh samples them), each run's row gets its GPUs'
+median SM clock, peak temperature, median power and clock-event reasons while it ran.
 """
 import json
 import re
 import statistics
 import sys
 from pathlib import Path
+
+
+def _when(text: str) -> float:
+    """Seconds since the epoch of nvidia-smi's / gpu_ddp.sh's "YYYY/MM/DD HH:MM:SS[.fff]"."""
+    from datetime import datetime, timezone
+    text = text.strip()
+    fmt = "%Y/%m/%d %H:%M:%S.%f" if "." in text else "%Y/%m/%d %H:%M:%S"
+    return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
+
+
+def launch_clocks(folder: Path) -> dict:
+    """run name -> {gpu index: {sm_mhz_median, temp_c_max, power_w_median, event_reasons}} over the
+    samples between the run's start and the next run's (launches.txt, gpu_clocks.csv)."""
+    launches, clocks = folder / "launches.txt", folder / "gpu_clocks.csv"
+    if not (launches.exists() and clocks.exists()):
+        return {}
+    starts = []
+    for line in launches.read_text().splitlines():
+        m = re.fullmatch(r"(\S+ \S+) start (\S+)", line.strip())
+        if m:
+            starts.append((_when(m.group(1)), m.group(2)))
+    samples = []  # (time, gpu, sm MHz, temperature, power W, reasons)
+    for line in clocks.read_text().splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 6 or not cells[1].isdigit():
+            continue  # a header (repeated when appended) or a broken line
+        try:
+            number = lambda c: float(c.split()[0])  # noqa: E731  "1980 MHz", "650.12 W"
+            samples.append((_when(cells[0]), int(cells[1]), number(cells[2]), number(cells[4]), number(cells[5]),
+                            cells[6] if len(cells) > 6 else None))
+        except ValueError:
+            continue  # "[N/A]" and the like
+    out = {}
+    for i, (start, name) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else float("inf")
+        per_gpu = {}
+        for t, gpu, sm, temp, power, reasons in samples:
+            if start <= t < end:
+                per_gpu.setdefault(gpu, []).append((sm, temp, power, reasons))
+        if per_gpu:
+            out[name] = {gpu: {"sm_mhz_median": statistics.median(v[0] for v in vals),
+                               "temp_c_max": max(v[1] for v in vals),
+                               "power_w_median": statistics.median(v[2] for v in vals),
+                               "event_reasons": sorted({v[3] for v in vals if v[3]})}
+                         for gpu, vals in sorted(per_gpu.items())}
+    return out
 
 
 def rounds_summary(rows: list) -> list:
@@ -65,7 +113,7 @@ def main(folder: str) -> int:
     root = Path(folder)
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(root.glob("*.json"))
             if p.stem != "summary" and "losses" in json.loads(p.read_text())}
-    rows = []
+    rows, clocks = [], launch_clocks(root)
     for name, two in runs.items():
         if not name.endswith("_2gpu"):
             continue
@@ -102,6 +150,9 @@ def main(folder: str) -> int:
         for gpus, run in (("2gpu", two), ("1gpu", one)):
             if run and "gpu_timeline" in run:  # ms a step per rank: span = compute + NCCL exposed + idle
                 row[f"gpu_timeline_{gpus}"] = run["gpu_timeline"]["per_rank"]
+        for gpus, run_name in (("2gpu", name), ("1gpu", base if one else None)):
+            if run_name in clocks:  # the GPUs' clocks, heat and power while the run ran
+                row[f"clocks_{gpus}"] = clocks[run_name]
         if one and "gpu_timeline" in one and "gpu_timeline" in two:  # rank 0's kernels against the 1-GPU run's
             row["kernel_diff_rank0"] = kernel_diff(two["gpu_timeline"]["per_rank"][0], one["gpu_timeline"]["per_rank"][0])
         if "allreduce_added" in two:

@@ -299,6 +299,31 @@ def test_report_compares_each_round_with_its_own_baseline(tmp_path):
     assert summary["speedup_median"] == pytest.approx(2 * 4.0 / 4.4) and not summary["meets_1.9x"]
 
 
+def test_report_clocks_of_each_launch(tmp_path):
+    """ddp_ppo_report.launch_clocks: each run's samples are those between its start and the next
+    run's (launches.txt), per GPU; headers repeated by appending and [N/A] cells are skipped."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ddp_ppo_report", EXAMPLE.parent / "ddp_ppo_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    (tmp_path / "launches.txt").write_text("2026/11/28 18:00:00 start a_1gpu\n2026/11/28 18:00:10 start a_2gpu\n")
+    header = ("timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], temperature.gpu, "
+              "power.draw [W], clocks_event_reasons.active\n")
+    rows = [("18:00:01.000", 0, 1980, 50, 600.0, "0x0"), ("18:00:02.000", 0, 1900, 55, 640.0, "0x4"),
+            ("18:00:03.000", 0, 1960, 52, 620.0, "0x0"), ("18:00:11.500", 0, 1700, 70, 700.0, "0x20"),
+            ("18:00:11.500", 1, 1800, 60, 650.0, "0x0"), ("18:00:12.000", 1, "[N/A]", 61, 650.0, "0x0")]
+    text = header + "".join(f"2026/11/28 {t}, {g}, {sm} MHz, 1593 MHz, {temp}, {w} W, {r}\n"
+                            for t, g, sm, temp, w, r in rows[:3])
+    text += header + "".join(f"2026/11/28 {t}, {g}, {sm} MHz, 1593 MHz, {temp}, {w} W, {r}\n"
+                             for t, g, sm, temp, w, r in rows[3:])
+    (tmp_path / "gpu_clocks.csv").write_text(text)
+    clocks = report.launch_clocks(tmp_path)
+    assert clocks["a_1gpu"] == {0: {"sm_mhz_median": 1960, "temp_c_max": 55, "power_w_median": 620.0,
+                                    "event_reasons": ["0x0", "0x4"]}}
+    assert clocks["a_2gpu"][0]["sm_mhz_median"] == 1700 and clocks["a_2gpu"][1]["temp_c_max"] == 60
+    assert report.launch_clocks(tmp_path / "missing") == {}
+
+
 def test_report_kernel_diff_names_what_ddp_adds():
     """ddp_ppo_report.kernel_diff: per kernel name, the counts a step on 1 and 2 GPUs and the time
     a step the 2-GPU run adds, largest change first; a kernel in one table only counts as 0 in
