@@ -526,9 +526,9 @@ def gpu_timeline(step, batches, steps) -> dict:
     copies and sets), NCCL (the union of NCCL kernels: it includes waiting for the other ranks),
     NCCL exposed (NCCL time with no compute beside it) and idle (no kernel at all: the host's
     gaps, e.g. GradScaler's found-inf read).  Every rank's; the comparison of 1 and 2 GPUs says
-    whether the lost scaling is the all-reduce, a wait, or the host.  ``kernels``: per kernel
-    name (cut to 100 characters), its count and its time a step, the 40 longest; what DDP adds
-    (ddp_ppo_report.py's kernel_diff sets it beside the 1-GPU run's)."""
+    whether the lost scaling is the all-reduce, a wait, or the host.  ``kernel_table``: per
+    kernel name (cut to 100 characters), its count and its time a step, the 40 longest: what DDP
+    adds (ddp_ppo_report.py's kernel_diff sets it beside the 1-GPU run's)."""
     from torch.profiler import ProfilerActivity, profile
     dist.barrier()
     torch.cuda.synchronize()
@@ -602,7 +602,7 @@ def measure_paired(args, rank, world, device, ddp_step, batches) -> dict:
     every rank's DDP steps (the slowest rank's time), then rank 0's one-process steps alone (the
     other ranks wait at a barrier).  Each pair's scaling is world x (1-GPU ms) / (DDP ms), same N
     per GPU; the median pair is the metric.  Launches minutes apart differed by up to 15% on an
-    H200 (clocks, heat): pairs of adjacent windows see the same machine."""
+    H200: pairs of adjacent windows see the machine in the same state."""
     cuda = device.type == "cuda"
     base = build_step(args, rank, device, use_ddp=False) if rank == 0 else None
     if base is not None:  # warm the one-process setup up (its graph is captured in build_step)

@@ -7,10 +7,11 @@
 # each run's log, and gpu_clocks.csv (clocks, heat, power) beside launches.txt (when each run started).
 # A run that fails is recorded (its log) and the script goes on.  About 10 minutes on two H200s, 2 of
 # them test_ddp.py's (each launch starts its processes anew: 15-25 s); COMPILE=1 adds torch.compile's
-# runs.  PHASES picks the parts, in this order (default all of them), so that
-# one build's evidence can be gathered in sittings of a few minutes into one OUT:
+# runs.  PHASES picks the parts, in this order (default all of them), so that one build's evidence
+# can be gathered in sittings of a few minutes into one OUT:
 #   checks (gradients), rounds (throughput, 1 vs 2 GPUs at N), small (at N/4), eager, curves, report,
 #   pytest (test_ddp.py's 2-GPU tests; PYTEST=0 leaves them out too)
+# ROUNDS (3) or ROUND_LIST (e.g. "2 3"), VARIANTS, CTAS: below.
 # RUN_TIMEOUT (default 300 s) stops a run that hangs.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its relatives, below, unless already set).
 set -uo pipefail
@@ -66,8 +67,9 @@ if phase checks; then
   run check_ref_fp16 2 --check-grads --dtype float16 --batch 256 --model reference
 fi
 # 2. throughput at N per GPU against 1 GPU at N (its baseline), in ROUNDS rounds of launches side by side:
-# 1 GPU, 2 GPUs with DDP's default 25 MiB buckets, 2 GPUs in each of VARIANTS (below).  Launches of one run differed by up to 15% on an H200, so each
-# round's 2-GPU runs are compared with that round's 1-GPU run and the report takes the median round.
+# 1 GPU, 2 GPUs with DDP's default 25 MiB buckets, 2 GPUs in each of VARIANTS (below).  Launches of one
+# run differed by up to 15% on an H200, so each round's 2-GPU runs are compared with that round's 1-GPU
+# run and the report takes the median round.
 # Round 1 also profiles (--profile-steps: each step's GPU time split into compute, NCCL exposed and idle,
 # per rank, and a table of kernels by name: the report's kernel_diff_rank0 names what DDP adds to a
 # step).  Every 2-GPU run also times one process on GPU 0 in windows alternating with its own
