@@ -5,7 +5,7 @@
 #   1 GPU:   ONE_GPU=1 bash tests/gpu_ddp.sh  (two processes sharing the GPU through gloo)
 # Results: $OUT (default gpu_results/ddp): one JSON per run, summary.json, loss_curves_1_vs_2_gpus.png,
 # each run's log, and gpu_clocks.csv (clocks, heat, power) beside launches.txt (when each run started).
-# A run that fails is recorded (its log) and the script goes on.  About 10 minutes on two H200s, 2 of
+# A run that fails is recorded (its log) and the script goes on.  About 15 minutes on two H200s, 2 of
 # them test_ddp.py's (each launch starts its processes anew: 15-25 s); COMPILE=1 adds torch.compile's
 # runs.  PHASES picks the parts, in this order (default all of them), so that one build's evidence
 # can be gathered in sittings of a few minutes into one OUT:
