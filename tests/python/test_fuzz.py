@@ -76,8 +76,8 @@ class Watchdog:
     """Names the running case on the real stderr (past pytest's capture, so that it reaches the
     log while the case still runs) once it has taken SLOW_CASE_S seconds; one thread per test."""
 
-    def __init__(self, op, device, seed):
-        self.op, self.device, self.seed = op, device, seed
+    def __init__(self, op, device, seed, poll=1.0):
+        self.op, self.device, self.seed, self.poll = op, device, seed, poll
         self.case = None  # (index, case, start) of the running case
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
@@ -95,7 +95,7 @@ class Watchdog:
 
     def _watch(self):
         named = None
-        while not self.done.wait(1.0):
+        while not self.done.wait(self.poll):
             running = self.case
             if running is None or running[0] == named or time.monotonic() - running[2] < SLOW_CASE_S:
                 continue
@@ -207,10 +207,10 @@ def test_watchdog_names_a_slow_case(monkeypatch, capfd):
     """The Watchdog writes a case that runs past SLOW_CASE_S, with its reproducer, while it runs."""
     monkeypatch.setattr(sys.modules[__name__], "SLOW_CASE_S", 0.5)
     case = {"n": 3, "marker": "slow-case"}
-    with Watchdog("some_op", "cpu", 7) as watchdog:
+    with Watchdog("some_op", "cpu", 7, poll=0.05) as watchdog:
         watchdog.start(0, {"n": 1})
         watchdog.start(4, case)
-        time.sleep(2.5)
+        time.sleep(3.0)
     err = capfd.readouterr().err
     assert "fuzz some_op on cpu (CUTLASS_OPS_FUZZ_SEED=7): case 4 still running after 0.5 s" in err
     assert "slow-case" in err and "case 0 " not in err
