@@ -41,6 +41,21 @@ def test_same_outputs_and_gradients_as_before(rng_seed):
     assert sum(p.grad.numel() for p in flat.parameters()) == sum(p.numel() for p in want.values())
 
 
+def test_same_under_autocast_with_float32_weights(rng_seed):
+    """float32 weights under bfloat16 autocast (how DDP trains it on GPUs, there in fp16): one
+    flat parameter, and the same outputs and gradients, bit for bit, as unflattened."""
+    plain, flat, x = _pair(rng_seed, torch.float32)
+    assert [n for n, _ in flat.named_parameters()] == ["flat_parameter_0"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y0, y1 = plain(x.float()), flat(x.float())
+    assert y0.dtype == torch.bfloat16 and torch.equal(y0, y1)
+    y0.float().square().sum().backward()
+    y1.float().square().sum().backward()
+    got = {name: g for name, _, g in named_gradients(flat)}
+    for name, p in plain.named_parameters():
+        assert got[name].dtype == torch.float32 and torch.equal(got[name], p.grad), name
+
+
 def test_views_keep_each_parameter_layout_and_see_optimizer_steps():
     conv = nn.Conv2d(4, 6, 3).to(memory_format=torch.channels_last)
     stride = conv.weight.stride()
