@@ -98,22 +98,59 @@ def _se_hidden_conditioning(r64):
     return kappa
 
 
+def _scalar_term_magnitudes(r64, x64):
+    """Per FixUp scalar of a float64 SEResNet9FixUp, sum |terms| of its gradient under _grads'
+    loss: each scalar enters at one site (x + b, or conv2(...) * s), and its gradient is the sum
+    over the site's elements of the upstream gradient (times conv2's output, for the scale).  Its
+    error relative to this sum is the measure the fuzz holds scalar gradients to
+    (_fuzz._check_scalar_grad): sums of 10^5 terms that cancel are as exact as their terms, not as
+    their result.  Each scalar is replaced by a tensor of its site's shape (its value everywhere),
+    whose gradient is the terms."""
+    shapes, hooks = {}, []
+
+    def note(names, shape):
+        for name in names:
+            shapes[name] = shape
+
+    for b, layer in enumerate(r64.layers):
+        blk, pre = layer[0], f"layers.{b}.0."
+        hooks.append(blk.register_forward_pre_hook(lambda m, a, pre=pre: note([pre + "fixup_bias1a"], a[0].shape)))
+        hooks.append(blk.conv1.register_forward_hook(
+            lambda m, a, o, pre=pre: note([pre + "fixup_bias1b", pre + "fixup_bias2a"], o.shape)))
+        hooks.append(blk.conv2.register_forward_hook(
+            lambda m, a, o, pre=pre: note([pre + "fixup_scale", pre + "fixup_bias2b"], o.shape)))
+    with torch.no_grad():
+        r64(x64)
+    for h in hooks:
+        h.remove()
+    params = {k: v.detach() for k, v in r64.named_parameters()}
+    expanded = {name: params[name].expand(shape).clone().requires_grad_() for name, shape in shapes.items()}
+    out = torch.func.functional_call(r64, {**params, **expanded}, (x64,))
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)  # _grads'
+    (out * weight.to(out.device)).sum().backward()
+    return {name: t.grad.abs().sum().item() for name, t in expanded.items()}
+
+
 def _grad_errors(dtype, device, seed=3):
     """Relative error vs a float64 reference, per parameter and the input, of FusedResNet's
     gradients and of the plain reference module's run in the same dtype (what PyTorch
-    itself achieves at that precision); and per SE block, the conditioning of its excite.0
-    gradient (_se_hidden_conditioning)."""
+    itself achieves at that precision); per SE block, the conditioning of its excite.0
+    gradient (_se_hidden_conditioning); and per FixUp scalar, both errors relative to the sum
+    of its gradient's terms' magnitudes (_scalar_term_magnitudes)."""
     g = torch.Generator().manual_seed(seed)
     ref = randomize_(SEResNet9FixUp(3), g).to(device=device, dtype=dtype)
     fused = cutlass_ops.FusedResNet.from_reference(ref).train()
     r64 = SEResNet9FixUp(3).to(device=device, dtype=torch.float64)
     r64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
-    kappa = _se_hidden_conditioning(r64)
     x = torch.randn(3, 3, 64, 64, generator=g).to(device=device, dtype=dtype)
+    terms = _scalar_term_magnitudes(r64, x.double())  # (before the conditioning's hooks)
+    kappa = _se_hidden_conditioning(r64)
     want = _grads(r64, x.double())
     got, eager = _grads(fused, x), _grads(ref, x)
     errs = {name: (errors(got[name], w)[0], errors(eager[name], w)[0]) for name, w in want.items()}
-    return errs, {b: kappa(b) for b in range(len(r64.layers))}
+    scalar_errs = {name: ((got[name].double() - want[name]).abs().item() / t,
+                          (eager[name].double() - want[name]).abs().item() / t) for name, t in terms.items()}
+    return errs, {b: kappa(b) for b in range(len(r64.layers))}, scalar_errs
 
 
 def _rms(values) -> float:
@@ -146,10 +183,12 @@ def _check_grads(dtype, device, bound):
     seeds = (3,) if dtype == torch.float64 else _LOW_PRECISION_SEEDS
     pooled, limits = {}, {}
     for seed in seeds:
-        errs, kappa = _grad_errors(dtype, device, seed)
-        print(f"\nFusedResNet grads, {dtype} {device}, seed {seed}: relative error vs float64 (fused, eager same dtype)")
+        errs, kappa, scalar_errs = _grad_errors(dtype, device, seed)
+        print(f"\nFusedResNet grads, {dtype} {device}, seed {seed}: relative error vs float64 (fused, eager same dtype;"
+              " FixUp scalars also relative to sum |terms|)")
         for name, (fused, eager) in errs.items():
-            print(f"  {name:40s} {fused:9.2e} {eager:9.2e}")
+            extra = "  {:9.2e} {:9.2e}".format(*scalar_errs[name]) if name in scalar_errs else ""
+            print(f"  {name:40s} {fused:9.2e} {eager:9.2e}{extra}")
         fused, eager = [e[0] for e in errs.values()], [e[1] for e in errs.values()]
         print(f"over {bound:g}: fused {sum(e > bound for e in fused)}, eager {sum(e > bound for e in eager)} "
               f"of {len(errs)}; RMS fused {_rms(fused):.3g}, eager {_rms(eager):.3g}")
