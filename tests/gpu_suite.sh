@@ -12,8 +12,9 @@
 # them out two at a time (--maxschedchunk 2): its default first hands each worker a run of about
 # tests/workers/4 consecutive tests, which put every long test on worker 0, one after another.
 # A test that runs past TEST_TIMEOUT seconds (default 300; pytest-timeout, where installed) is
-# stopped with every thread's stack in the log and counted as failed: a hung kernel names itself
-# instead of eating the sitting.  (32 workers on two H200s: 3,377 tests of a shard of 1/2 done in
+# stopped and counted as failed (its worker "crashed"), 30 s after every thread's stack went to
+# $OUT/stacks (conftest.py's CUTLASS_OPS_TEST_STACKS; printed at the end): a hung kernel names
+# itself instead of eating the sitting.  (32 workers on two H200s: 3,377 tests of a shard of 1/2 done in
 # about 4 minutes; a 10-minute sitting takes a shard of 1/2.)
 # Needs cutlass_ops installed for this GPU and pytest-xdist.  Fails loudly where the library has
 # no CUDA kernels (every GPU test would skip), prints the counts and every distinct skip reason,
@@ -43,14 +44,21 @@ print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count()
 start=$(date +%s)
 # -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures
 SHARD_ARGS=(); [ -n "${SHARD:-}" ] && SHARD_ARGS=(--shard "$SHARD")
+SCHED_ARGS=()  # (pytest-xdist 3.3 and later)
+(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider --help 2>/dev/null) | grep -q -- --maxschedchunk \
+  && SCHED_ARGS=(--maxschedchunk 2)
 TIMEOUT_ARGS=()
 if (cd /tmp && "$PYTHON" -P -c "import pytest_timeout" 2>/dev/null); then
   TIMEOUT_ARGS=(--timeout "${TEST_TIMEOUT:-300}" --timeout-method thread)
 else
   echo "gpu_suite: pytest-timeout is not installed: a hung test holds its worker until the sitting ends"
 fi
+# each worker's test ids, and the stacks of a test past TEST_TIMEOUT - 30 s (conftest.py; a worker's
+# stderr reaches no log under xdist)
+export CUTLASS_OPS_TEST_STACKS="$OUT/stacks" CUTLASS_OPS_TEST_STACKS_AFTER=$(( ${TEST_TIMEOUT:-300} > 60 ? ${TEST_TIMEOUT:-300} - 30 : 30 ))
+rm -rf "$CUTLASS_OPS_TEST_STACKS"; mkdir -p "$CUTLASS_OPS_TEST_STACKS"
 (cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load \
-  --maxschedchunk 2 "${TIMEOUT_ARGS[@]}" "${SHARD_ARGS[@]}" "$@") \
+  "${SCHED_ARGS[@]}" "${TIMEOUT_ARGS[@]}" "${SHARD_ARGS[@]}" "$@") \
   > "$OUT/gpu_suite.log" 2>&1
 rc=$?
 echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers of $OMP_NUM_THREADS threads${SHARD:+, shard $SHARD}"
@@ -60,6 +68,13 @@ echo "skip reasons (count, reason):"
 grep -E "^SKIPPED \[" "$OUT/gpu_suite.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+: /\1 /' \
   | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%7d %s\n", c[r], r}' | sort -rn | head -30
 tail -1 "$OUT/gpu_suite.log"
+for f in "$CUTLASS_OPS_TEST_STACKS"/*.txt; do  # hung tests' stacks and slow fuzz cases
+  [ -e "$f" ] || continue
+  case "$f" in
+    */slow_fuzz_cases_*) echo "== $f"; cat "$f" ;;
+    *) grep -q "^Thread 0x\|^Current thread 0x" "$f" && { echo "== stacks in $f (the last tests it started, then the dump):"; tail -80 "$f"; } ;;
+  esac
+done
 if grep -qE "^SKIPPED .*no CUDA device" "$OUT/gpu_suite.log"; then
   echo "gpu_suite: FAILED: GPU tests skipped for want of a GPU on a machine that has one"; rc=1
 fi

@@ -20,6 +20,12 @@ back on CUDA raises, so a GPU test passes only on the kernels it means; tests ma
 (they mean the fallback path too, e.g. float32 inputs, or count the paths themselves) run with
 strict mode off.
 
+Hung tests: with ``CUTLASS_OPS_TEST_STACKS=<folder>`` (tests/gpu_suite.sh sets it) each process
+appends to ``<folder>/tests_<pid>.txt`` the id of every test it starts and, for a test still
+running after ``CUTLASS_OPS_TEST_STACKS_AFTER`` seconds (240), every thread's Python stack
+(faulthandler: it works while the main thread waits inside a CUDA call).  Under pytest-xdist a
+worker's stderr reaches no log, so the file is where a hung test shows what it waits on.
+
 ``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
 decides), for GPU suites split over several sittings (tests/gpu_suite.sh's SHARD).
 
@@ -37,6 +43,7 @@ a context manager that seeds torch's global generators inside a fork of their st
 bare ``torch.manual_seed``.  test_fuzz.py's cases follow the test's seed unless
 CUTLASS_OPS_FUZZ_SEED names one.
 """
+import faulthandler
 import os
 import sys
 import zlib
@@ -137,6 +144,25 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         report.sections.append(("seed", seed_note(node_id(item), _mix(item.config))))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """CUTLASS_OPS_TEST_STACKS (the module's docstring): the test's id, then every thread's stack
+    if it runs past CUTLASS_OPS_TEST_STACKS_AFTER seconds."""
+    folder = os.environ.get("CUTLASS_OPS_TEST_STACKS")
+    if not folder:
+        yield
+        return
+    after = float(os.environ.get("CUTLASS_OPS_TEST_STACKS_AFTER", "240"))
+    with open(os.path.join(folder, f"tests_{os.getpid()}.txt"), "a") as f:
+        f.write(f"== {node_id(item)}\n")
+        f.flush()
+        faulthandler.dump_traceback_later(after, file=f)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(autouse=True)

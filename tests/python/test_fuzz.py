@@ -74,7 +74,8 @@ SLOW_CASE_S = float(os.environ.get("CUTLASS_OPS_FUZZ_SLOW_CASE_S", "60"))
 
 class Watchdog:
     """Names the running case on the real stderr (past pytest's capture, so that it reaches the
-    log while the case still runs) once it has taken SLOW_CASE_S seconds; one thread per test."""
+    terminal while the case still runs), and in CUTLASS_OPS_TEST_STACKS's folder where set
+    (conftest.py), once it has taken SLOW_CASE_S seconds; one thread per test."""
 
     def __init__(self, op, device, seed, poll=1.0):
         self.op, self.device, self.seed, self.poll = op, device, seed, poll
@@ -100,9 +101,14 @@ class Watchdog:
             if running is None or running[0] == named or time.monotonic() - running[2] < SLOW_CASE_S:
                 continue
             named = running[0]
-            sys.__stderr__.write(f"\nfuzz {self.op} on {self.device} (CUTLASS_OPS_FUZZ_SEED={self.seed}): case {named} "
-                                 f"still running after {SLOW_CASE_S:g} s:\n{snippet(self.op, running[1], self.device)}\n")
+            text = (f"\nfuzz {self.op} on {self.device} (CUTLASS_OPS_FUZZ_SEED={self.seed}): case {named} "
+                    f"still running after {SLOW_CASE_S:g} s:\n{snippet(self.op, running[1], self.device)}\n")
+            sys.__stderr__.write(text)
             sys.__stderr__.flush()
+            folder = os.environ.get("CUTLASS_OPS_TEST_STACKS")  # (pytest-xdist workers' stderr reaches no log)
+            if folder:
+                with open(os.path.join(folder, f"slow_fuzz_cases_{os.getpid()}.txt"), "a") as f:
+                    f.write(text)
 
 
 def draw(op: str, device: str, index: int, seed: int) -> dict:
@@ -215,3 +221,7 @@ def test_watchdog_names_a_slow_case(monkeypatch, capfd):
     assert "fuzz some_op on cpu (CUTLASS_OPS_FUZZ_SEED=7): case 4 still running after 0.5 s" in err
     assert "slow-case" in err and "case 0 " not in err
     assert err.count("still running") == 1  # once per case
+    folder = os.environ.get("CUTLASS_OPS_TEST_STACKS")
+    if folder:  # also in the folder (a child run of test_conftest_stacks.py)
+        text = open(os.path.join(folder, f"slow_fuzz_cases_{os.getpid()}.txt")).read()
+        assert "case 4 still running" in text and "slow-case" in text
