@@ -209,9 +209,11 @@ def _floor_message(name, seen, others, count):
     return msg
 
 
-def test_watchdog_names_a_slow_case(monkeypatch, capfd):
-    """The Watchdog writes a case that runs past SLOW_CASE_S, with its reproducer, while it runs."""
+def test_watchdog_names_a_slow_case(monkeypatch, capfd, tmp_path):
+    """The Watchdog writes a case that runs past SLOW_CASE_S, with its reproducer, while it runs:
+    on stderr and in CUTLASS_OPS_TEST_STACKS's folder."""
     monkeypatch.setattr(sys.modules[__name__], "SLOW_CASE_S", 0.5)
+    monkeypatch.setenv("CUTLASS_OPS_TEST_STACKS", str(tmp_path))
     case = {"n": 3, "marker": "slow-case"}
     with Watchdog("some_op", "cpu", 7, poll=0.05) as watchdog:
         watchdog.start(0, {"n": 1})
@@ -221,7 +223,5 @@ def test_watchdog_names_a_slow_case(monkeypatch, capfd):
     assert "fuzz some_op on cpu (CUTLASS_OPS_FUZZ_SEED=7): case 4 still running after 0.5 s" in err
     assert "slow-case" in err and "case 0 " not in err
     assert err.count("still running") == 1  # once per case
-    folder = os.environ.get("CUTLASS_OPS_TEST_STACKS")
-    if folder:  # also in the folder (a child run of test_conftest_stacks.py)
-        text = open(os.path.join(folder, f"slow_fuzz_cases_{os.getpid()}.txt")).read()
-        assert "case 4 still running" in text and "slow-case" in text
+    text = (tmp_path / f"slow_fuzz_cases_{os.getpid()}.txt").read_text()
+    assert "case 4 still running" in text and "slow-case" in text and "case 0 " not in text
