@@ -2,19 +2,22 @@
 
 DistributedDataParallel works per parameter: without gradient bucket views it copies each
 gradient into its bucket and, after the all-reduce, back, a kernel each way per parameter.
-FusedResNet has 48 parameters (20 of them FixUp scalars); at N=2048 on two H200s those copies,
-about 100 small kernels a step, were most of what DDP added to a 3.7 ms step.  A module
-flattened here has one parameter per dtype and device: its old parameters become views of it,
-rebuilt at every forward through one autograd node whose backward concatenates their gradients
-into the flat parameter's in one kernel.  DDP then sees one parameter (one gradient, one copy).
+FusedResNet has 48 parameters (20 of them FixUp scalars); on two H200s at N=2048 DDP added 109
+kernels to the DD-PPO agent's 3.7 ms step: the all-reduce and two per parameter (54, with the
+agent's head).  A module
+flattened here has one parameter per dtype and device (or per group of names): its old
+parameters become views of it, rebuilt at every forward through one autograd node whose backward
+concatenates their gradients into the flat parameter's in one kernel.  DDP then sees one
+parameter (one gradient, one copy).
 
     model = flatten_parameters(FusedResNet.from_reference(ref))
     ddp = DistributedDataParallel(model, ...)
 
 The state dict keeps the original names and shapes (checkpoints load either way); ``parameters()``
 yields the flat parameters, so build the optimizer after flattening.  Costs: the concatenation
-(one copy of the gradients a step) and no overlap of the all-reduce with the backward for the
-flattened module (its one gradient is ready when its backward ends).  docs/ddp.md measures it.
+(one copy of the gradients a step) and, with one flat parameter, no overlap of the all-reduce
+with the backward (its one gradient is ready when the backward ends; ``group`` splits it).
+tests/gpu_ddp.sh measures whether it pays (docs/ddp.md).
 """
 from __future__ import annotations
 
