@@ -268,13 +268,19 @@ def test_gpu_timeline_sums_the_union_of_intervals():
     assert example.union_ms([(1000, 2000), (0, 3000), (2500, 2600)]) == 3.0
 
 
-def test_report_compares_each_round_with_its_own_baseline(tmp_path):
-    """ddp_ppo_report.py: a 2-GPU run of round k against round k's 1-GPU run (the bucket size left
-    out of the baseline's name), and the median over the rounds."""
+def _report_module():
+    """examples/ddp_ppo_report.py, imported from its file."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("ddp_ppo_report", EXAMPLE.parent / "ddp_ppo_report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
+    return report
+
+
+def test_report_compares_each_round_with_its_own_baseline(tmp_path):
+    """ddp_ppo_report.py: a 2-GPU run of round k against round k's 1-GPU run (the bucket size left
+    out of the baseline's name), and the median over the rounds."""
+    report = _report_module()
 
     def write(name, ms, world):
         (tmp_path / f"{name}.json").write_text(json.dumps({
@@ -302,10 +308,7 @@ def test_report_compares_each_round_with_its_own_baseline(tmp_path):
 def test_report_clocks_of_each_launch(tmp_path):
     """ddp_ppo_report.launch_clocks: each run's samples are those between its start and the next
     run's (launches.txt), per GPU; headers repeated by appending and [N/A] cells are skipped."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ddp_ppo_report", EXAMPLE.parent / "ddp_ppo_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _report_module()
     (tmp_path / "launches.txt").write_text("2026/11/28 18:00:00 start a_1gpu\n2026/11/28 18:00:10 start a_2gpu\n")
     header = ("timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], temperature.gpu, "
               "power.draw [W], clocks_event_reasons.active\n")
@@ -328,10 +331,7 @@ def test_report_kernel_diff_names_what_ddp_adds():
     """ddp_ppo_report.kernel_diff: per kernel name, the counts a step on 1 and 2 GPUs and the time
     a step the 2-GPU run adds, largest change first; a kernel in one table only counts as 0 in
     the other."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ddp_ppo_report", EXAMPLE.parent / "ddp_ppo_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _report_module()
     one = {"kernel_table": [{"name": "conv", "per_step": 10.0, "us_per_step": 300.0},
                             {"name": "adam", "per_step": 2.0, "us_per_step": 20.0}]}
     two = {"kernel_table": [{"name": "conv", "per_step": 10.0, "us_per_step": 310.0},
