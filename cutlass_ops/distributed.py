@@ -29,6 +29,15 @@ from torch import nn
 __all__ = ["flatten_parameters", "is_flattened", "named_gradients"]
 
 
+def _member(t: torch.Tensor, offset: int, shape, stride) -> torch.Tensor:
+    """One member's view of a flat tensor t (a flat parameter, its gradient, or a state dict's copy)."""
+    return t.as_strided(shape, stride, t.storage_offset() + offset)
+
+
+def _views(flat: torch.Tensor, layout) -> tuple:
+    return tuple(_member(flat, off, shape, stride) for off, shape, stride, _ in layout)
+
+
 class _Unflatten(torch.autograd.Function):
     """flat -> its views (each parameter's shape and strides at its offset); backward: the views'
     gradients, each in its view's memory order, concatenated (one kernel)."""
@@ -36,8 +45,7 @@ class _Unflatten(torch.autograd.Function):
     @staticmethod
     def forward(ctx, flat, layout):
         ctx.layout, ctx.dtype, ctx.device = layout, flat.dtype, flat.device
-        return tuple(flat.as_strided(shape, stride, flat.storage_offset() + offset)
-                     for offset, shape, stride, _ in layout)
+        return _views(flat, layout)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -106,7 +114,7 @@ def flatten_parameters(module: nn.Module, group: Callable[[str], Hashable] | Non
         flat = torch.empty(offset, dtype=dtype, device=device)
         with torch.no_grad():
             for (off, shape, stride, _), (_, _, _, p) in zip(layout, members):
-                flat.as_strided(shape, stride, off).copy_(p)
+                _member(flat, off, shape, stride).copy_(p)
         requires_grad = any(p.requires_grad for *_, p in members)
         name = f"flat_parameter_{k}"
         module.register_parameter(name, nn.Parameter(flat, requires_grad=requires_grad))
@@ -133,9 +141,9 @@ def named_gradients(module: nn.Module) -> list:
             flat = m._parameters[name]
             for (off, shape, stride, _), (_, _, qname) in zip(layout, members):
                 full = f"{prefix}.{qname}" if prefix else qname
-                view = flat.detach().as_strided(shape, stride, flat.storage_offset() + off)
                 g = flat.grad
-                out.append((full, view, None if g is None else g.as_strided(shape, stride, g.storage_offset() + off)))
+                out.append((full, _member(flat.detach(), off, shape, stride),
+                            None if g is None else _member(g, off, shape, stride)))
         for attr, p in m._parameters.items():
             if p is not None and attr not in flat_names:
                 out.append((f"{prefix}.{attr}" if prefix else attr, p, p.grad))
@@ -148,7 +156,7 @@ def _set_views(module: nn.Module) -> None:
     for name, layout, members in module._flat_groups:
         flat = module._parameters[name]
         views = _Unflatten.apply(flat, layout) if flat.requires_grad and torch.is_grad_enabled() else \
-            tuple(flat.as_strided(shape, stride, flat.storage_offset() + off) for off, shape, stride, _ in layout)
+            _views(flat, layout)
         for (owner, attr, _), view in zip(members, views):
             object.__setattr__(owner, attr, view)  # past nn.Module.__setattr__: not a parameter again
 
@@ -158,7 +166,7 @@ def _state_dict_hook(module, state, prefix, local_metadata):
     for name, layout, members in module._flat_groups:
         flat = state.pop(prefix + name)
         for (off, shape, stride, _), (_, _, qname) in zip(layout, members):
-            state[prefix + qname] = flat.as_strided(shape, stride, flat.storage_offset() + off).detach()
+            state[prefix + qname] = _member(flat, off, shape, stride).detach()
     return state
 
 
@@ -179,5 +187,5 @@ def _load_state_dict_pre_hook(module, state, prefix, local_metadata, strict, mis
                 errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, the "
                               f"shape in the current model is {shape}")
                 continue
-            assembled.as_strided(shape, stride, off).copy_(value)
+            _member(assembled, off, shape, stride).copy_(value)
         state[prefix + name] = assembled
