@@ -66,12 +66,15 @@ def test_se_gate_gradcheck(avgpool):
     assert torch.autograd.gradcheck(fn, args)
 
 
+def _projection(out):
+    """The loss's random projection: every output element gets its own weight (float64)."""
+    return torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64).to(out.device)
+
+
 def _grads(model, x):
     x = x.detach().clone().requires_grad_()
     out = model(x)
-    # A random projection: every output element gets its own weight.
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    (out.double() * weight.to(out.device)).sum().backward()
+    (out.double() * _projection(out)).sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     grads["input"] = x.grad
     return grads
@@ -126,8 +129,7 @@ def _scalar_term_magnitudes(r64, x64):
     params = {k: v.detach() for k, v in r64.named_parameters()}
     expanded = {name: params[name].expand(shape).clone().requires_grad_() for name, shape in shapes.items()}
     out = torch.func.functional_call(r64, {**params, **expanded}, (x64,))
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)  # _grads'
-    (out * weight.to(out.device)).sum().backward()
+    (out * _projection(out)).sum().backward()
     return {name: t.grad.abs().sum().item() for name, t in expanded.items()}
 
 
