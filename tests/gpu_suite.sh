@@ -8,6 +8,10 @@
 #   SHARD=1/2 bash tests/gpu_suite.sh; SHARD=2/2 bash tests/gpu_suite.sh   # in two sittings
 #   STRICT=1 bash tests/gpu_suite.sh             # strict mode: a fallback on CUDA fails the test
 #                                                # (tests marked fallback excepted)
+#   TIME_LIMIT=500 bash tests/gpu_suite.sh       # stop after 500 s (pytest interrupted: the tests it
+#   SKIP_IDS=done1.txt TIME_LIMIT=500 bash ...   # did not reach are counted); $OUT/done_ids.txt lists
+#                                                # every test with an outcome, SKIP_IDS leaves those out
+#                                                # (conftest's --skip-ids): the next sitting runs the rest
 # Scheduling: the tests marked long come first in the collection (conftest.py), and xdist hands
 # them out two at a time (--maxschedchunk 2): its default first hands each worker a run of about
 # tests/workers/4 consecutive tests, which put every long test on worker 0, one after another.
@@ -44,6 +48,9 @@ print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count()
 start=$(date +%s)
 # -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures
 SHARD_ARGS=(); [ -n "${SHARD:-}" ] && SHARD_ARGS=(--shard "$SHARD")
+[ -n "${SKIP_IDS:-}" ] && SHARD_ARGS+=(--skip-ids "$(cd "$(dirname "$SKIP_IDS")" && pwd)/$(basename "$SKIP_IDS")")
+# TIME_LIMIT: SIGINT (pytest stops its workers and writes its summary), SIGKILL 30 s later
+LIMIT_CMD=(); [ -n "${TIME_LIMIT:-}" ] && LIMIT_CMD=(timeout -s INT -k 30 "$TIME_LIMIT")
 SCHED_ARGS=()  # (pytest-xdist 3.3 and later)
 (cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider --help 2>/dev/null) | grep -q -- --maxschedchunk \
   && SCHED_ARGS=(--maxschedchunk 2)
@@ -57,13 +64,19 @@ fi
 # stderr reaches no log under xdist)
 export CUTLASS_OPS_TEST_STACKS="$OUT/stacks" CUTLASS_OPS_TEST_STACKS_AFTER=$(( ${TEST_TIMEOUT:-300} > 60 ? ${TEST_TIMEOUT:-300} - 30 : 30 ))
 rm -rf "$CUTLASS_OPS_TEST_STACKS"; mkdir -p "$CUTLASS_OPS_TEST_STACKS"
-(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load \
+(cd /tmp && "${LIMIT_CMD[@]}" "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs -n "$WORKERS" --dist load \
   "${SCHED_ARGS[@]}" "${TIMEOUT_ARGS[@]}" "${SHARD_ARGS[@]}" "$@") \
   > "$OUT/gpu_suite.log" 2>&1
 rc=$?
 echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WORKERS workers of $OMP_NUM_THREADS threads${SHARD:+, shard $SHARD}"
 grep -oE "(^|\] )(FAILED|ERROR) [^ ]+" "$OUT/gpu_suite.log" | sed 's/^\] //' | sort -u | head -40
 echo "outcomes: $(grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) " "$OUT/gpu_suite.log" | sort | uniq -c | tr -s ' \n' ' ')"
+# every test with an outcome (the next sitting's SKIP_IDS), and how many were collected but not reached
+grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) [^ ]+" "$OUT/gpu_suite.log" | awk '{print $3}' | sort -u \
+  > "$OUT/done_ids.txt"
+items=$(grep -oE "[0-9]+ workers \[[0-9]+ items?\]" "$OUT/gpu_suite.log" | grep -oE "\[[0-9]+" | tr -d '[' | head -1)
+echo "collected ${items:-?}, with an outcome $(wc -l < "$OUT/done_ids.txt")${TIME_LIMIT:+ (time limit $TIME_LIMIT s)}"
+[ -n "$items" ] && [ "$(wc -l < "$OUT/done_ids.txt")" -lt "$items" ] && { echo "gpu_suite: not every test ran"; rc=1; }
 echo "skip reasons (count, reason):"
 grep -E "^SKIPPED \[" "$OUT/gpu_suite.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+: /\1 /' \
   | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%7d %s\n", c[r], r}' | sort -rn | head -30

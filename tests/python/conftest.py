@@ -28,6 +28,9 @@ worker's stderr reaches no log, so the file is where a hung test shows what it w
 
 ``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
 decides), for GPU suites split over several sittings (tests/gpu_suite.sh's SHARD).
+``--skip-ids FILE`` leaves out the tests whose ids FILE lists, one a line: those a sitting stopped
+by its time limit already ran (tests/gpu_suite.sh's SKIP_IDS and done_ids.txt), so that the next
+sitting runs the rest.
 
 Fresh seeds, to hunt for seed-dependent failures (opt-in):
 
@@ -78,6 +81,9 @@ def pytest_addoption(parser):
                      help="run the K-th of N disjoint parts of the selected tests (by a hash of each test id: "
                           "the parts are stable and every file is spread over them); e.g. a GPU suite too long "
                           "for one sitting as --shard 1/2 and --shard 2/2")
+    parser.addoption("--skip-ids", default=None, metavar="FILE",
+                     help="leave out the tests whose ids FILE lists, one a line (e.g. the done_ids.txt of a GPU "
+                          "suite sitting stopped by its time limit: the next sitting runs the rest)")
 
 
 def _shard(config) -> tuple[int, int] | None:
@@ -93,19 +99,30 @@ def _shard(config) -> tuple[int, int] | None:
     return k, n
 
 
+def _skip_ids(config) -> set[str]:
+    path = config.getoption("--skip-ids", default=None)
+    if path is None:
+        return set()
+    try:
+        return {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
+    except OSError as e:
+        raise pytest.UsageError(f"--skip-ids {path!r}: {e}") from None
+
+
 def pytest_collection_modifyitems(config, items):
     # The long tests first (a stable sort: the rest keep their order), so that they start early
     # instead of trailing after everything else is done.  Under pytest-xdist they spread over
     # the workers only when it hands out tests a few at a time (gpu_suite.sh: --maxschedchunk 2);
     # its default first chunk, about tests/workers/4 consecutive tests, gives them all to one.
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
-    shard = _shard(config)
-    if shard is None:
+    shard, skip = _shard(config), _skip_ids(config)
+    if shard is None and not skip:
         return
-    k, n = shard
+    k, n = shard or (1, 1)
     keep, drop = [], []
     for item in items:
-        (keep if zlib.crc32(node_id(item).encode()) % n == k - 1 else drop).append(item)
+        ran = node_id(item) in skip or item.nodeid in skip  # (ids as the -v log prints them, or repo-relative)
+        (keep if not ran and zlib.crc32(node_id(item).encode()) % n == k - 1 else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -129,6 +146,7 @@ def pytest_configure(config):
     _mix_state.clear()
     _mix(config)  # a bad CUTLASS_OPS_TEST_SEED is a usage error before any test runs
     _shard(config)  # likewise a bad --shard
+    _skip_ids(config)  # and a missing --skip-ids file
 
 
 def pytest_report_header(config):

@@ -144,3 +144,18 @@ def test_shards_are_disjoint_and_cover_the_selection():
     assert all(parts)  # each part holds some of them
     _, bad = _collected("--shard", "4/3")
     assert bad.returncode == 4 and "K must be in 1..N" in bad.stdout, bad.stdout[-2000:]
+
+
+def test_skip_ids_leaves_out_the_listed_tests(tmp_path):
+    """--skip-ids FILE: the tests FILE lists (ids as the -v log prints them) are left out, the
+    rest run; with --shard, the rest of that shard; a missing file is a usage error."""
+    everything, _ = _collected()
+    listed = sorted(everything)[: len(everything) // 2]
+    ids = tmp_path / "done_ids.txt"
+    ids.write_text("\n".join(listed) + "\n\n")
+    rest, _ = _collected("--skip-ids", str(ids))
+    assert listed and rest == everything - set(listed)
+    shard, _ = _collected("--shard", "1/2")
+    assert _collected("--shard", "1/2", "--skip-ids", str(ids))[0] == shard - set(listed)
+    _, bad = _collected("--skip-ids", str(tmp_path / "missing.txt"))
+    assert bad.returncode == 4 and "--skip-ids" in bad.stdout, bad.stdout[-2000:]
