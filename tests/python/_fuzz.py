@@ -259,9 +259,19 @@ def dtype_of(own, got):
     return got.dtype if own is None else own.dtype
 
 
-def autograd_case(op_fn, ref_fn, tensors, wants, grad_outs, dtype, names, slack=1.0, exact_fn=None):
+def autograd_case(op_fn, ref_fn, tensors, wants, grad_outs, dtype, names, slack=1.0, exact_fn=None,
+                  own_device=None, float32_classes=False):
     """Runs op_fn under autograd and checks its gradients against float64 autograd of
-    ref_fn (the composite, on the CPU) and PyTorch's own of ref_fn in the tensors' dtypes.
+    ref_fn (the composite, on the CPU) and PyTorch's own of ref_fn in the tensors' dtypes (on
+    their device, or on ``own_device``: "cpu" where the device's would be cuDNN's depthwise conv,
+    which compiles every new shape at run time -- seconds a shape with cuDNN 9.10 and later, too
+    slow for a thousand random shapes; the forward fuzz computes its own on the CPU too).
+
+    float32_classes: PyTorch's float32 gradients of ref_fn on the tensors' device give admissible
+    NaN/Inf classes too, for ops whose backward is exactly that by contract (conv_embed's: ATen
+    in float32): where a NaN/Inf output gradient crosses a LayerNorm row, the classes of that
+    row's gradients follow the LayerNorm backward's formula, and ATen's CUDA kernel's is not
+    float64's (inf where float64 has NaN).  Finite values are still checked against float64.
 
     exact_fn: the same composite with its conv's zero padding left out of the sums
     (conv2d_taps), for cases with NaN/Inf in the output gradient: the float64 reference is then
@@ -274,7 +284,15 @@ def autograd_case(op_fn, ref_fn, tensors, wants, grad_outs, dtype, names, slack=
     _, got = grads_of(op_fn, tensors, wants, grad_outs)
     _, ref = grads_of(exact_fn or ref_fn, tensors, wants, g64, torch.float64, "cpu")
     alt = grads_of(ref_fn, tensors, wants, g64, torch.float64, "cpu")[1] if exact_fn else [None] * len(tensors)
-    own = own_grads(ref_fn, tensors, wants, grad_outs)
+    if float32_classes:
+        dev = next(t.device for t in tensors if t is not None)
+        f32 = grads_of(ref_fn, tensors, wants, grad_outs, torch.float32, dev)[1]
+        alt = [[a, b] for a, b in zip(alt, f32)]
+    if own_device is None:
+        own = own_grads(ref_fn, tensors, wants, grad_outs)
+    else:
+        own = own_grads(ref_fn, [None if t is None else t.detach().to(own_device) for t in tensors], wants,
+                        [None if g is None else g.to(own_device) for g in grad_outs])
     scalar = [t is not None and want and t.dim() == 0 for t, want in zip(tensors, wants)]
     fail = check_grads([n for n, s in zip(names, scalar) if not s], *[[v for v, s in zip(lst, scalar) if not s]
                                                                        for lst in (got, ref, own)], dtype, slack,
@@ -290,17 +308,18 @@ def _check_scalar_grad(name, got, ref, own, ref_fn, tensors, i, grad_outs, dtype
     to the sum of its terms' magnitudes, sum |grad_out * (y(p + 1) - y(p))| (float64; y is
     affine in the scalars the ops take, given the ReLU mask), at most 2x PyTorch's own plus
     a few units of the case's dtype (whose rounded intermediates the sum may take) and float32
-    summation's.  A NaN/Inf of ``alt`` (ref_fn's float64 where autograd_case has an exact_fn)
-    is admissible too."""
+    summation's.  A NaN/Inf of ``alt`` (ref_fn's float64 where autograd_case has an exact_fn,
+    or a list of such alternatives) is admissible too."""
     if got is None:
         return f"{name}: no gradient"
     unit = UNIT[dtype]
     got, ref, own = (d64(t).reshape(()) for t in (got, ref, own))
     if not torch.isfinite(ref):
         return None if torch.isnan(got) or got == ref else f"{name}: {got.item()} where float64 gives {ref.item()}"
-    alt = None if alt is None else d64(alt).reshape(())
-    if alt is not None and not torch.isfinite(alt) and (torch.isnan(got) or got == alt):
-        return None  # the NaN/Inf of the alternative reference (autograd_case's exact_fn)
+    for a in (alt if isinstance(alt, (list, tuple)) else [alt]):  # (autograd_case's alternatives)
+        a = None if a is None else d64(a).reshape(())
+        if a is not None and not torch.isfinite(a) and (torch.isnan(got) or got == a):
+            return None  # the NaN/Inf of an alternative reference
     with torch.no_grad():
         t64 = [d64(t) for t in tensors]
         y0 = ref_fn(*t64)

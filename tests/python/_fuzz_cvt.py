@@ -4,6 +4,8 @@ linear_silu, linear_residual, scale_samples, conv_embed), forward and autograd b
 framework: _fuzz.py)."""
 from __future__ import annotations
 
+import random
+
 import torch
 import torch.nn.functional as F
 
@@ -210,10 +212,25 @@ def _small_map(d, rng):
     return d
 
 
+# A case that wants the weight gradient reaches the op's backward's depthwise wgrad (ATen's: cuDNN
+# on CUDA), which compiles every new shape at run time, seconds a shape with cuDNN 9.10 and later:
+# such cases take their map (batch, size, channels, strides, dtype) from a fixed pool of this many,
+# so that a 1,000-case run compiles a few dozen shapes, not a thousand; the other cases, and
+# PyTorch's own gradients (computed on the CPU: autograd_case's own_device), draw freely.
+CUDNN_MAP_POOL = 16
+
+
+def _pooled_map(d, rng):
+    k = rng.randrange(CUDNN_MAP_POOL)
+    m = _small_map(draw_dw_conv3x3_tokens(random.Random(f"dw map {k}")), random.Random(f"dw small map {k}"))
+    d.update({key: m[key] for key in ("n", "h", "w", "c", "strides", "dtype")})
+    return d
+
+
 def draw_dw_conv3x3_tokens_backward(rng):
     d = _small_map(draw_dw_conv3x3_tokens(rng), rng)
     d["wants"] = _wants(rng, 4)  # x, weight, bias, lead
-    return d
+    return _pooled_map(d, rng) if d["wants"][1] else d
 
 
 def run_dw_conv3x3_tokens_backward(c, device):
@@ -229,7 +246,8 @@ def run_dw_conv3x3_tokens_backward(c, device):
     # padding is the implementation's (conv2d_taps), F.conv2d's admissible
     return autograd_case(lambda x_, w_, b_, l_: ops.dw_conv3x3_tokens(x_, c["h"], c["w"], w_, b_, c["strides"], l_),
                          _dw_formula(c), [x, wt, b, ld], c["wants"], grads, dtype,
-                         ["grad_x", "grad_weight", "grad_bias", "grad_lead"], exact_fn=_dw_formula(c, taps=True))
+                         ["grad_x", "grad_weight", "grad_bias", "grad_lead"], exact_fn=_dw_formula(c, taps=True),
+                         own_device="cpu")
 
 
 def draw_layer_norm_dw_conv3x3_tokens(rng):
@@ -237,6 +255,11 @@ def draw_layer_norm_dw_conv3x3_tokens(rng):
     d["affine"] = rng.random() < 0.8
     d["wants"] = _wants(rng, 6)  # x, weight, bias, lead, ln_weight, ln_bias
     return d
+
+
+def draw_layer_norm_dw_conv3x3_tokens_backward(rng):
+    d = draw_layer_norm_dw_conv3x3_tokens(rng)
+    return _pooled_map(d, rng) if d["wants"][1] else d
 
 
 def _ln_dw_operands(c, device, special=True):
@@ -289,7 +312,7 @@ def run_layer_norm_dw_conv3x3_tokens_backward(c, device):
     grads = [make(y.shape, dtype, device, "nchw", g) for y in ys]
     return autograd_case(_ln_dw_op(c), _dw_formula(c, _ln_norm(dtype)), t, c["wants"], grads, dtype,
                          ["grad_x", "grad_weight", "grad_bias", "grad_lead", "grad_ln_weight", "grad_ln_bias"],
-                         slack=2.0)
+                         slack=2.0, own_device="cpu")
 
 
 def draw_linear_silu_backward(rng):
@@ -469,9 +492,11 @@ def run_conv_embed_backward(c, device):
     # NaN/Inf in grad_y: the weight gradient's class where they meet the padding is the
     # implementation's (conv2d_taps; the CPU's bfloat16 channels_last conv skips the padding,
     # float64 and PyTorch's own NCHW multiply it in), F.conv2d's admissible
+    # ... and where they cross a LayerNorm row, the classes of its gradients are those of the
+    # backward's contract, ATen's LayerNorm backward in float32 (autograd_case's float32_classes)
     return autograd_case(_embed_op(c), _embed_formula(c), t, c["wants"], [gy], dtype,
                          ["grad_input", "grad_weight", "grad_bias", "grad_ln_weight", "grad_ln_bias"],
-                         exact_fn=_embed_formula(c, taps=True))
+                         exact_fn=_embed_formula(c, taps=True), float32_classes=c["ln"] and c["special"] > 0)
 
 
 OPS = {
@@ -483,7 +508,7 @@ OPS = {
                                    ["dw_conv3x3_tokens_backward_input"]),
     "layer_norm_dw_conv3x3_tokens": (draw_layer_norm_dw_conv3x3_tokens, run_layer_norm_dw_conv3x3_tokens,
                                      ["layer_norm_dw_conv3x3_tokens"]),
-    "layer_norm_dw_conv3x3_tokens_backward": (draw_layer_norm_dw_conv3x3_tokens,
+    "layer_norm_dw_conv3x3_tokens_backward": (draw_layer_norm_dw_conv3x3_tokens_backward,
                                               run_layer_norm_dw_conv3x3_tokens_backward,
                                               ["dw_conv3x3_tokens_backward_input"]),
     "linear_silu": (draw_linear_silu, run_linear_silu, ["linear_silu"]),

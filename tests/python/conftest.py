@@ -100,13 +100,24 @@ def _shard(config) -> tuple[int, int] | None:
 
 
 def _skip_ids(config) -> set[str]:
+    """--skip-ids's test ids, repository-relative (as node_id makes them): the -v log names a test
+    by its path relative to where pytest ran (``../work/repo/tests/python/...`` from /tmp)."""
     path = config.getoption("--skip-ids", default=None)
     if path is None:
         return set()
     try:
-        return {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
     except OSError as e:
         raise pytest.UsageError(f"--skip-ids {path!r}: {e}") from None
+    ids = set()
+    for line in lines:
+        file, sep, rest = line.partition("::")
+        try:
+            file = (Path(config.invocation_params.dir) / file).resolve().relative_to(_ROOT).as_posix()
+        except ValueError:  # outside this checkout: as written
+            pass
+        ids.add(file + sep + rest)
+    return ids
 
 
 def pytest_collection_modifyitems(config, items):
@@ -121,7 +132,7 @@ def pytest_collection_modifyitems(config, items):
     k, n = shard or (1, 1)
     keep, drop = [], []
     for item in items:
-        ran = node_id(item) in skip or item.nodeid in skip  # (ids as the -v log prints them, or repo-relative)
+        ran = node_id(item) in skip
         (keep if not ran and zlib.crc32(node_id(item).encode()) % n == k - 1 else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,12 +128,12 @@ def test_same_draws_in_another_process_whatever_ran_before():
 
 
 
-def _collected(*args) -> tuple[set[str], subprocess.CompletedProcess]:
+def _collected(*args, cwd=ROOT) -> tuple[set[str], subprocess.CompletedProcess]:
     out = subprocess.run([sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "--collect-only",
-                          THIS, *args], cwd=ROOT, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+                          str(Path(ROOT) / THIS), *args], cwd=cwd, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert out.returncode in (0, 4), out.stdout[-3000:]  # 4: the usage error below
-    return {line for line in out.stdout.splitlines() if line.startswith(THIS + "::")}, out
+    return {line for line in out.stdout.splitlines() if "::" in line}, out
 
 
 def test_shards_are_disjoint_and_cover_the_selection():
@@ -147,14 +148,20 @@ def test_shards_are_disjoint_and_cover_the_selection():
 
 
 def test_skip_ids_leaves_out_the_listed_tests(tmp_path):
-    """--skip-ids FILE: the tests FILE lists (ids as the -v log prints them) are left out, the
-    rest run; with --shard, the rest of that shard; a missing file is a usage error."""
+    """--skip-ids FILE: the tests FILE lists are left out, the rest run; ids as the -v log of a
+    run from another directory prints them (relative to it: tests/gpu_suite.sh runs pytest from
+    /tmp) match too; with --shard, the rest of that shard; a missing file is a usage error."""
     everything, _ = _collected()
     listed = sorted(everything)[: len(everything) // 2]
     ids = tmp_path / "done_ids.txt"
     ids.write_text("\n".join(listed) + "\n\n")
     rest, _ = _collected("--skip-ids", str(ids))
     assert listed and rest == everything - set(listed)
+    # as pytest -v run from tmp_path names them: ../../<root>/tests/python/test_seeds.py::...
+    away = [os.path.relpath(Path(ROOT) / i.split("::")[0], tmp_path) + "::" + i.split("::", 1)[1] for i in listed]
+    assert away[0].startswith("..")
+    ids.write_text("\n".join(away) + "\n")
+    assert _collected("--skip-ids", str(ids), cwd=tmp_path)[0] == everything - set(listed)
     shard, _ = _collected("--shard", "1/2")
     assert _collected("--shard", "1/2", "--skip-ids", str(ids))[0] == shard - set(listed)
     _, bad = _collected("--skip-ids", str(tmp_path / "missing.txt"))
