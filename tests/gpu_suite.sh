@@ -12,6 +12,8 @@
 #   SKIP_IDS=done1.txt TIME_LIMIT=500 bash ...   # did not reach are counted); $OUT/done_ids.txt lists
 #                                                # every test with an outcome, SKIP_IDS leaves those out
 #                                                # (conftest's --skip-ids): the next sitting runs the rest
+#   RESUME=build-session/suite TIME_LIMIT=500 bash tests/gpu_suite.sh   # the same, kept in a folder:
+#                                                # each sitting runs what earlier ones did not reach
 # Scheduling: the tests marked long come first in the collection (conftest.py), and xdist hands
 # them out two at a time (--maxschedchunk 2): its default first hands each worker a run of about
 # tests/workers/4 consecutive tests, which put every long test on worker 0, one after another.
@@ -48,6 +50,10 @@ print("gpu_suite:", torch.cuda.get_device_name(), "x", torch.cuda.device_count()
 start=$(date +%s)
 # -v: every test's outcome on its own line, so a run stopped by a time limit still names its failures
 SHARD_ARGS=(); [ -n "${SHARD:-}" ] && SHARD_ARGS=(--shard "$SHARD")
+if [ -n "${RESUME:-}" ]; then
+  mkdir -p "$RESUME"; touch "$RESUME/done_ids.txt"; SKIP_IDS=$RESUME/done_ids.txt
+  echo "gpu_suite: resuming: $(wc -l < "$RESUME/done_ids.txt") tests ran in earlier sittings ($RESUME)"
+fi
 [ -n "${SKIP_IDS:-}" ] && SHARD_ARGS+=(--skip-ids "$(cd "$(dirname "$SKIP_IDS")" && pwd)/$(basename "$SKIP_IDS")")
 # TIME_LIMIT: SIGINT (pytest stops its workers and writes its summary), SIGKILL 30 s later
 LIMIT_CMD=(); [ -n "${TIME_LIMIT:-}" ] && LIMIT_CMD=(timeout -s INT -k 30 "$TIME_LIMIT")
@@ -77,6 +83,10 @@ grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) [^ ]+" "$OUT/gpu_suite.lo
 items=$(grep -oE "[0-9]+ workers \[[0-9]+ items?\]" "$OUT/gpu_suite.log" | grep -oE "\[[0-9]+" | tr -d '[' | head -1)
 echo "collected ${items:-?}, with an outcome $(wc -l < "$OUT/done_ids.txt")${TIME_LIMIT:+ (time limit $TIME_LIMIT s)}"
 [ -n "$items" ] && [ "$(wc -l < "$OUT/done_ids.txt")" -lt "$items" ] && { echo "gpu_suite: not every test ran"; rc=1; }
+if [ -n "${RESUME:-}" ]; then
+  sort -u "$RESUME/done_ids.txt" "$OUT/done_ids.txt" -o "$RESUME/done_ids.txt"
+  echo "gpu_suite: $(wc -l < "$RESUME/done_ids.txt") tests ran over the sittings so far"
+fi
 echo "skip reasons (count, reason):"
 grep -E "^SKIPPED \[" "$OUT/gpu_suite.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+: /\1 /' \
   | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%7d %s\n", c[r], r}' | sort -rn | head -30

@@ -118,6 +118,12 @@ def _special(rng):
     return rng.randint(1, 3) if rng.random() < 0.15 else 0
 
 
+def _wants(rng, k):
+    """Which of k inputs a backward case differentiates: each with probability 3/4, at least one."""
+    w = [rng.random() < 0.75 for _ in range(k)]
+    return w if any(w) else [True] + w[1:]
+
+
 def _dtype(rng):
     return DTYPES[rng.randrange(3)]
 

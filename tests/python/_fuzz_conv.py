@@ -9,8 +9,8 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 
 import cutlass_ops
 from cutlass_ops import ops
-from _fuzz import (LAYOUTS, UNIT, _batch, _dims, _dtype, _own, _special, autograd_case, compare, conv2d_taps,
-                   conv2d_weight_taps, d64, make, round_st)
+from _fuzz import (LAYOUTS, UNIT, _batch, _dims, _dtype, _own, _special, _wants, autograd_case, compare,
+                   conv2d_taps, conv2d_weight_taps, d64, make, round_st)
 
 def draw_conv2d_fused(rng):
     r, s = rng.choice([(1, 1), (3, 3), (5, 5), (1, 3), (3, 1), (2, 2)])
@@ -279,11 +279,6 @@ def run_space_to_depth_conv_weight_grad(c, device):
 def _relu_mask(out, post, dtype):
     """The ReLU mask the ops' backward reads from the saved output (relu_backward's contract)."""
     return out != post.to(dtype) if post is not None else out > 0
-
-
-def _wants(rng, k):
-    w = [rng.random() < 0.75 for _ in range(k)]
-    return w if any(w) else [True] + w[1:]
 
 
 def draw_conv2d_fused_backward(rng):

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from cutlass_ops import ops
-from _fuzz import (LAYOUTS, _batch, _dims, _dtype, _own, _special, autograd_case, compare, conv2d_taps, d64, make,
-                   round_st)
+from _fuzz import (LAYOUTS, _batch, _dims, _dtype, _own, _special, _wants, autograd_case, compare, conv2d_taps, d64,
+                   make, round_st)
 
 
 def draw_layer_norm_rows(rng):
@@ -135,11 +135,6 @@ def run_linear_silu(c, device):
         fail = f"y: {y.dtype} on {y.device}"
     return fail
 
-
-
-def _wants(rng, k):
-    w = [rng.random() < 0.75 for _ in range(k)]
-    return w if any(w) else [True] + w[1:]
 
 
 def draw_layer_norm_rows_backward(rng):

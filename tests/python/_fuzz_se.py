@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import cutlass_ops
 from cutlass_ops import ops, paths
-from _fuzz import (DTYPES, LAYOUTS, UNIT, _batch, _dtype, _own, _relayout, _special, autograd_case, compare, d64,
-                   make, make_like, round_st)
+from _fuzz import (DTYPES, LAYOUTS, UNIT, _batch, _dtype, _own, _relayout, _special, _wants, autograd_case, compare,
+                   d64, make, make_like, round_st)
 
 
 def draw_se_gate(rng):
@@ -229,11 +229,6 @@ def _mlp_setup(c, device, dtype, g):
     x = x.to(device) if c["layout"] == "contiguous" else _relayout(x, device, c["layout"])
     return fused, model, ref_model, x
 
-
-
-def _wants(rng, k):
-    w = [rng.random() < 0.75 for _ in range(k)]
-    return w if any(w) else [True] + w[1:]
 
 
 def draw_se_squeeze(rng):
