@@ -15,7 +15,9 @@
 # (FusedMLP's GPU tests) and mlp:ROWS (bench mlp; BENCH_ARGS="--systems FusedMLP eager" etc.);
 # b2b:N (bench b2b, conv2d_b2b at batch N; into b2b_nN.json); se-excite:N (bench se-excite at batch N);
 # CvT: cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
-# step), train-check-cvt.
+# step), train-check-cvt.  suite (tests/gpu_suite.sh up to the deadline, resumed over the calls
+# of one warm machine: each runs what the earlier ones did not reach), grads (the 16-bit gradient
+# tables of FusedResNet and FusedCvT), block0 (docs/experiments/block0_fused/run.py).
 # The family-90 dgrad/wgrad kernels (built unless CUTLASS_OPS_SM90_BACKWARD=OFF is in the environment
 # of this script): sm90-backward-tests (test_conv2d_backward_sm90.py, then test_conv2d_backward.py
 # under the same build), profile90-backward (profile --backward --family 90 into
@@ -110,6 +112,21 @@ for step in ${STEPS:-}; do
   left=$(( DEADLINE - t0 )); limit=$(( left < ${STEP_TIMEOUT:-420} ? left : ${STEP_TIMEOUT:-420} ))
   [ "$limit" -gt 30 ] || { echo "$step: skipped, no time left"; continue; }
   case $what in
+    suite)  # the whole suite (tests/gpu_suite.sh) up to the deadline, resumed over calls on this machine
+      OUT=$OUT/suite RESUME=$REPO/build-session/suite TIME_LIMIT=$(( left - 25 )) PYTHON=$PYTHON \
+        bash tests/gpu_suite.sh 2>&1 | tail -80
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    grads)  # the 16-bit gradient tables, tensor by tensor: FusedResNet (four seeds) and FusedCvT
+      (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -s -p no:cacheprovider -k cuda \
+         "$REPO/tests/python/test_autograd.py::test_fused_resnet_gradients_low_precision" \
+         "$REPO/tests/python/test_fused_cvt.py::test_fused_cvt_cuda_training" > "$OUT/grads.txt" 2>&1)
+      grep -E "passed|failed|^FAILED|RMS" "$OUT/grads.txt" | tail -20
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    block0)  # docs/experiments/block0_fused/run.py: block 0 as one kernel (mma.sync, wgmma) against FusedResNet's three
+      timeout "$limit" "$PYTHON" docs/experiments/block0_fused/run.py --out "$OUT/block0_results.json" \
+        > "$OUT/block0.log" 2>&1
+      echo "block0 run.py: rc $?"; tail -32 "$OUT/block0.log"
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-tests)  # the family-90 kernels against float64 (forced one by one)
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
          "$REPO/tests/python/test_conv2d_fused_sm90.py" > "$OUT/sm90_tests.log" 2>&1)
