@@ -133,12 +133,13 @@ torch::Tensor block0_forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2
 
 // The wgmma kernel, same arguments.  `desc_base_offset_mode` (default 0, the design) selects
 // what the wgmma descriptors' base-offset field holds: 0, or 1 for (start >> 7) & 7 (see
-// block0_wgmma_kernel.cuh); run.py uses 1 only to diagnose a failure of 0.
+// block0_wgmma_kernel.cuh); run.py uses 1 only to diagnose a failure of 0.  `phase_clk`
+// (optional, int64 [CTAs, kPhases] on x's GPU): the cycles each CTA's thread 0 spent per phase.
 torch::Tensor block0_forward_wgmma(torch::Tensor x, torch::Tensor w1, torch::Tensor w2, torch::Tensor b1a,
                                    torch::Tensor b1b, torch::Tensor b2a, torch::Tensor scale, torch::Tensor b2b,
                                    torch::Tensor fc1_w, torch::Tensor fc1_b, torch::Tensor fc2_w,
                                    torch::Tensor fc2_b, c10::optional<torch::Tensor> out_opt,
-                                   int64_t desc_base_offset_mode) {
+                                   int64_t desc_base_offset_mode, c10::optional<torch::Tensor> phase_clk) {
   using namespace block0_wgmma;
   const c10::cuda::CUDAGuard guard(x.device());
   Block0Args a = check_args(x, w1, w2, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b, out_opt);
@@ -161,6 +162,15 @@ torch::Tensor block0_forward_wgmma(torch::Tensor x, torch::Tensor w1, torch::Ten
   fill_params(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
   p.desc_base_offset_mode = static_cast<int>(desc_base_offset_mode);
   const int grid = a.n < a.sms ? a.n : a.sms;
+  p.phase_clk = nullptr;
+  if (phase_clk.has_value()) {
+    const torch::Tensor& t = *phase_clk;
+    TORCH_CHECK(t.is_cuda() && t.get_device() == x.get_device() && t.scalar_type() == torch::kLong &&
+                    t.is_contiguous() && t.numel() >= static_cast<int64_t>(grid) * kPhases,
+                "block0_fused: phase_clk must be a contiguous int64 tensor on x's GPU with at least ", grid, " x ",
+                kPhases, " elements (CTAs x phases)");
+    p.phase_clk = reinterpret_cast<long long*>(t.data_ptr<int64_t>());
+  }
   block0_wgmma_kernel<<<grid, kThreads, kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return a.out;
@@ -175,7 +185,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "SE-ResNet9-FixUp block 0 as one wgmma kernel (fp16 NHWC, sm_90a)", py::arg("x"), py::arg("w1"),
         py::arg("w2"), py::arg("b1a"), py::arg("b1b"), py::arg("b2a"), py::arg("scale"), py::arg("b2b"),
         py::arg("fc1_w"), py::arg("fc1_b"), py::arg("fc2_w"), py::arg("fc2_b"), py::arg("out") = py::none(),
-        py::arg("desc_base_offset_mode") = 0);
+        py::arg("desc_base_offset_mode") = 0, py::arg("phase_clk") = py::none());
   m.attr("smem_bytes") = block0::kSmemBytes;
+  m.attr("wgmma_phases") = block0_wgmma::kPhases;
   m.attr("wgmma_smem_bytes") = block0_wgmma::kSmemBytes;
 }

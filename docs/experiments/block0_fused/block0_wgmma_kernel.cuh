@@ -148,7 +148,18 @@ struct Params {
   const float* fc2_b;   // [64]
   int n;                // images
   int desc_base_offset_mode;  // 0: base_offset 0 (the design); 1: (start >> 7) & 7 (check)
+  // nullptr, or [gridDim.x][kPhases]: per CTA, the clock64() cycles thread 0 spent in each
+  // phase of the loop (kPhaseNames), summed over the CTA's images -- its own warpgroup's MMAs
+  // and every barrier's wait included: where an image's time goes, for the next design step.
+  long long* phase_clk;
 };
+
+// The phases phase_clk counts, in loop order (the prologue once per CTA).
+constexpr int kPhases = 9;
+// 0 input landed (cp.async wait), xa = x + b1a; 1 conv1 (wgmma issue and wait); 2 conv1's
+// epilogue to B; 3 prefetch issue + conv2 (wgmma); 4 conv2's epilogue and the SE sums;
+// 5 excite (fc1, fc2, sigmoid); 6 gate + residual (x from global) to B; 7 copy-out;
+// 8 prologue (zero the maps, issue the filter and first-image loads).
 
 // ---- small helpers ----
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -413,6 +424,15 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
 
   int img = blockIdx.x;
   if (img >= p.n) return;
+  const bool timed = p.phase_clk != nullptr && tid == 0;
+  long long clk[kPhases] = {}, t_mark = clock64();
+  auto mark = [&](int phase) {  // (constant phases after inlining: clk stays in registers)
+    if (timed) {
+      const long long now = clock64();
+      clk[phase] += now - t_mark;
+      t_mark = now;
+    }
+  };
 
   // Once: zero both maps (their borders stay zero: nothing writes a border pixel), load
   // both filters and the first image.
@@ -428,6 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
 
   const float b1b = *p.b1b, b2a = *p.b2a, scale = *p.scale, b2b = *p.b2b;
   const __half2 b1a_h2 = __float2half2_rn(*p.b1a);
+  mark(8);
 
   float acc0[32], acc1[32], acc2[16];
   for (; img < p.n; img += gridDim.x) {
@@ -437,14 +458,17 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     if (tid < kC) sum[tid] = 0.f;
     fence_proxy_async();
     __syncthreads();
+    mark(0);
 
     // ---- 2. conv1 -> h1 = relu(acc + b1b) + b2a -> B ----
     conv3x3(acc0, acc1, acc2, s_a, s_w1, wg, mode);
+    mark(1);
     conv1_epilogue<0>(acc0, map_b, wg, wrow, ccol, b1b, b2a);
     conv1_epilogue<1>(acc1, map_b, wg, wrow, ccol, b1b, b2a);
     conv1_epilogue<2>(acc2, map_b, wg, wrow, ccol, b1b, b2a);
     fence_proxy_async();
     __syncthreads();  // B complete; both warpgroups are done reading A
+    mark(2);
 
     // ---- 3. prefetch the next image into A ----
     if (img + (int)gridDim.x < p.n) {
@@ -454,10 +478,12 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
 
     // ---- 4. conv2 -> h = acc*scale + b2b (registers); SE column sums ----
     conv3x3(acc0, acc1, acc2, s_b, s_w2, wg, mode);
+    mark(3);
     conv2_epilogue<0>(acc0, sum, wg, wrow, ccol, lane, scale, b2b);
     conv2_epilogue<1>(acc1, sum, wg, wrow, ccol, lane, scale, b2b);
     conv2_epilogue<2>(acc2, sum, wg, wrow, ccol, lane, scale, b2b);
     __syncthreads();  // sums complete; both warpgroups are done reading B
+    mark(4);
 
     // ---- 5. excite ----
     if (warp < kHidden) {
@@ -475,6 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
       gate[tid] = 1.f / (1.f + __expf(-s));
     }
     __syncthreads();
+    mark(5);
 
     // ---- 6. out = relu(h * g + x) -> B (x from global memory) ----
     const __half* ximg = p.x + (size_t)img * kPix * kC;
@@ -482,6 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     output_epilogue<1>(acc1, map_b, gate, ximg, wg, wrow, ccol);
     output_epilogue<2>(acc2, map_b, gate, ximg, wg, wrow, ccol);
     __syncthreads();
+    mark(6);
 
     // ---- 7. coalesced copy of B's interior to the output ----
     {
@@ -495,6 +523,11 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     }
     // (The next iteration's first barrier orders these reads of B before conv1's epilogue
     // writes it again.)
+    mark(7);
+  }
+  if (timed) {
+#pragma unroll
+    for (int i = 0; i < kPhases; ++i) p.phase_clk[blockIdx.x * kPhases + i] = clk[i];
   }
 #else
   __trap();  // built without sm_90a

@@ -18,7 +18,8 @@ Two kernels: the mma.sync one (`forward`, block0_fused_kernel.cuh) and the wgmma
    both fused kernels; FusedResNet's block-0 path (conv2d_fused, conv2d_fused, se_gate: the
    ops and arguments FusedResNet._fused_ops passes for block 0; with the pooled map
    block 1's downsample reads, as in the model, and without); PyTorch eager fp16
-   channels_last.  Bound = max(compulsory bytes / HBM bandwidth, FLOPs / 0.99e15).
+   channels_last.  Bound = max(compulsory bytes / HBM bandwidth, FLOPs / 0.99e15).  Then, at
+   N = 2048, the wgmma kernel's cycles an image by phase (its phase_clk: where the time goes).
 4. Writes results.json (beside this file unless --out) and exits 1 if a check of either
    kernel failed.
 """
@@ -115,9 +116,9 @@ class Variants:
         return ext.forward(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
                            *self.fc, out)
 
-    def fused_wgmma(self, ext, x, out=None, desc_base_offset_mode: int = 0):
+    def fused_wgmma(self, ext, x, out=None, desc_base_offset_mode: int = 0, phase_clk=None):
         return ext.forward_wgmma(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
-                                 *self.fc, out, desc_base_offset_mode)
+                                 *self.fc, out, desc_base_offset_mode, phase_clk)
 
     def fusedresnet_path(self, xa, pooled: bool):
         """FusedResNet._fused_ops for block 0: the stem hands over xa = x + b1a; identity is
@@ -269,6 +270,40 @@ def bench(ext, v: Variants, gen: torch.Generator, sizes, hbm: float, wgmma_ok: b
     return rows
 
 
+PHASES = ["input landed, xa = x + b1a", "conv1 (wgmma)", "conv1 epilogue -> B", "prefetch + conv2 (wgmma)",
+          "conv2 epilogue, SE sums", "excite", "gate + residual -> B", "copy-out", "prologue (once a CTA)"]
+
+
+def wgmma_phases(ext, v: Variants, gen: torch.Generator, n: int, mode: int = 0) -> dict:
+    """Where an image's time goes in the wgmma kernel at batch n: the cycles each CTA's thread
+    0 spent per phase (clock64, its warpgroup's MMAs and every barrier's wait included), summed
+    over the CTAs and divided by n: cycles an image; and the run's own time by CUDA events."""
+    assert len(PHASES) == ext.wgmma_phases
+    x = make_input(n, gen)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    clk = torch.zeros(min(n, sms), ext.wgmma_phases, dtype=torch.int64, device="cuda")
+    with torch.no_grad():
+        v.fused_wgmma(ext, x, None, mode)  # warm
+        clk.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        v.fused_wgmma(ext, x, None, mode, phase_clk=clk)
+        end.record()
+        end.synchronize()
+    per_image = (clk.sum(0).double() / n).tolist()
+    total = sum(per_image)
+    us = start.elapsed_time(end) * 1e3
+    print(f"\nwgmma kernel at N={n}: cycles an image by phase (thread 0 of each CTA; {clk.shape[0]} CTAs, "
+          f"{us:.1f} us this launch)")
+    for name, c in zip(PHASES, per_image):
+        print(f"  {name:<32} {c:10.0f} {c / total:6.1%}")
+    # cycles per CTA over the launch against its time: the SM clock the run saw
+    mhz = clk.sum(1).double().mean().item() / us
+    print(f"  {'total':<32} {total:10.0f}   (~{mhz:.0f} MHz: a CTA's cycles over the launch's time)")
+    return {"n": n, "ctas": clk.shape[0], "us": us, "cycles_per_image": dict(zip(PHASES, per_image)),
+            "mhz_seen": mhz}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "results.json"))
@@ -293,6 +328,7 @@ def main() -> int:
     ok_wgmma = all(r["passed"] for r in correctness_wgmma)
     diagnosis = None if ok_wgmma or args.wgmma_mode else diagnose_wgmma(ext, v, args.seed)
     timing = [] if args.skip_timing else bench(ext, v, gen, [128, 512, 2048], hbm, ok_wgmma, args.wgmma_mode)
+    phases = wgmma_phases(ext, v, gen, 2048, args.wgmma_mode) if ok_wgmma and not args.skip_timing else None
     try:
         import cutlass_ops
         cutlass_version = getattr(cutlass_ops, "__version__", "?")
@@ -304,7 +340,7 @@ def main() -> int:
               "hbm_bytes_per_s": hbm, "flop_peak": FLOP_PEAK, "smem_bytes": ext.smem_bytes,
               "wgmma_smem_bytes": ext.wgmma_smem_bytes, "correctness": correctness,
               "correctness_wgmma": correctness_wgmma, "wgmma_base_offset_diagnosis": diagnosis,
-              "timing": timing}
+              "timing": timing, "wgmma_phases": phases}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")
     ok = all(r["passed"] for r in correctness)
