@@ -157,12 +157,13 @@ def test_skip_ids_leaves_out_the_listed_tests(tmp_path):
     ids.write_text("\n".join(listed) + "\n\n")
     rest, _ = _collected("--skip-ids", str(ids))
     assert listed and rest == everything - set(listed)
+    shard, _ = _collected("--shard", "1/2")
+    assert shard & set(listed) and shard - set(listed)
+    assert _collected("--shard", "1/2", "--skip-ids", str(ids))[0] == shard - set(listed)
     # as pytest -v run from tmp_path names them: ../../<root>/tests/python/test_seeds.py::...
     away = [os.path.relpath(Path(ROOT) / i.split("::")[0], tmp_path) + "::" + i.split("::", 1)[1] for i in listed]
     assert away[0].startswith("..")
     ids.write_text("\n".join(away) + "\n")
     assert _collected("--skip-ids", str(ids), cwd=tmp_path)[0] == everything - set(listed)
-    shard, _ = _collected("--shard", "1/2")
-    assert _collected("--shard", "1/2", "--skip-ids", str(ids))[0] == shard - set(listed)
     _, bad = _collected("--skip-ids", str(tmp_path / "missing.txt"))
     assert bad.returncode == 4 and "--skip-ids" in bad.stdout, bad.stdout[-2000:]
