@@ -78,8 +78,9 @@ echo "gpu_suite: pytest rc=$rc in $(( $(date +%s) - start )) s on $G GPU(s), $WO
 grep -oE "(^|\] )(FAILED|ERROR) [^ ]+" "$OUT/gpu_suite.log" | sed 's/^\] //' | sort -u | head -40
 echo "outcomes: $(grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) " "$OUT/gpu_suite.log" | sort | uniq -c | tr -s ' \n' ' ')"
 # every test with an outcome (the next sitting's SKIP_IDS), and how many were collected but not reached
-grep -oE "\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) [^ ]+" "$OUT/gpu_suite.log" | awk '{print $3}' | sort -u \
-  > "$OUT/done_ids.txt"
+# (the whole id to the end of the line: some parameter ids hold spaces)
+sed -nE 's/^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.*[^ ]) *$/\2/p' "$OUT/gpu_suite.log" \
+  | sort -u > "$OUT/done_ids.txt"
 items=$(grep -oE "[0-9]+ workers \[[0-9]+ items?\]" "$OUT/gpu_suite.log" | grep -oE "\[[0-9]+" | tr -d '[' | head -1)
 echo "collected ${items:-?}, with an outcome $(wc -l < "$OUT/done_ids.txt")${TIME_LIMIT:+ (time limit $TIME_LIMIT s)}"
 [ -n "$items" ] && [ "$(wc -l < "$OUT/done_ids.txt")" -lt "$items" ] && { echo "gpu_suite: not every test ran"; rc=1; }
