@@ -149,7 +149,7 @@ struct Params {
   int n;                // images
   int desc_base_offset_mode;  // 0: base_offset 0 (the design); 1: (start >> 7) & 7 (check)
   // nullptr, or [gridDim.x][kPhases]: per CTA, the clock64() cycles thread 0 spent in each
-  // phase of the loop (kPhaseNames), summed over the CTA's images -- its own warpgroup's MMAs
+  // phase of the loop (the kPhases below), summed over the CTA's images -- its own warpgroup's MMAs
   // and every barrier's wait included: where an image's time goes, for the next design step.
   long long* phase_clk;
 };
