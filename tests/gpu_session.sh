@@ -115,6 +115,8 @@ for step in ${STEPS:-}; do
     suite)  # the whole suite (tests/gpu_suite.sh) up to the deadline, resumed over calls on this machine
       OUT=$OUT/suite RESUME=$REPO/build-session/suite TIME_LIMIT=$(( left - 25 )) PYTHON=$PYTHON \
         bash tests/gpu_suite.sh 2>&1 | tail -80
+      # one file for the per-worker stack files (the device tool returns at most 8 files)
+      tar -czf "$OUT/suite/stacks.tgz" -C "$OUT/suite" stacks && rm -rf "$OUT/suite/stacks"
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     grads)  # the 16-bit gradient tables, tensor by tensor: FusedResNet (four seeds) and FusedCvT
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -s -p no:cacheprovider -k cuda \
