@@ -132,8 +132,8 @@ def pytest_collection_modifyitems(config, items):
     k, n = shard or (1, 1)
     keep, drop = [], []
     for item in items:
-        ran = node_id(item) in skip
-        (keep if not ran and zlib.crc32(node_id(item).encode()) % n == k - 1 else drop).append(item)
+        nid = node_id(item)
+        (keep if nid not in skip and zlib.crc32(nid.encode()) % n == k - 1 else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
