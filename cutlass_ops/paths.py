@@ -6,7 +6,8 @@ op's wrapper records, for every call on CUDA, which path it took:
 
     cutlass_ops.last_path("se_gate")        # "kernel", "empty" or "fallback: <reason>"
 
-(per thread: the last call of that op on this thread).  A model may record its own choices
+(per thread: the last call of that op on this thread; ``last_path(op, any_thread=True)``: the
+last call on any thread, e.g. a CUDA backward's op, which runs on autograd's thread).  A model may record its own choices
 the same way, with "aten: <what ran>" for a PyTorch path that is not a fallback (no count, no
 warning, allowed in strict mode): ``last_path("fused_cvt.mlp")``, FusedCvT's MLP activation
 (a GELU model's ``F.gelu``).  A fallback also
@@ -71,6 +72,7 @@ _default = [_STRICT_DEFAULT]  # the threads' default; strict(all_threads=True) s
 _local = threading.local()
 _lock = threading.Lock()
 _counts: dict[tuple[str, str], int] = {}
+_last_any: dict[str, str] = {}  # op -> its last recorded path on any thread
 _warned: set[tuple[str, str]] = set()
 
 
@@ -130,13 +132,18 @@ def record(op: str, path: str = KERNEL) -> None:
     if paths is None:
         paths = _local.paths = {}
     paths[op] = path
+    with _lock:
+        _last_any[op] = path
 
 
-def last_path(op: str) -> Optional[str]:
-    """The path of the last CUDA call of ``op`` on this thread (a CUDA backward's ops run on
-    autograd's threads: ``fallback_counts()`` sees those): "kernel" (our kernel, or a
+def last_path(op: str, any_thread: bool = False) -> Optional[str]:
+    """The path of the last CUDA call of ``op`` on this thread: "kernel" (our kernel, or a
     library path the profile chose), "empty" (nothing to compute), "fallback: <reason>", or
-    None when there was none."""
+    None when there was none.  any_thread: the last call on any thread of this process
+    instead (a CUDA backward's ops run on autograd's threads, not the caller's)."""
+    if any_thread:
+        with _lock:
+            return _last_any.get(op)
     paths = getattr(_local, "paths", None)
     return None if paths is None else paths.get(op)
 
@@ -190,8 +197,9 @@ def fallback_counts() -> dict[tuple[str, str], int]:
 
 def reset() -> None:
     """Clears the counts and the warned-once set (the next fallback of each reason warns again)
-    and this thread's recorded paths."""
+    and the recorded paths (this thread's, and the any-thread record)."""
     with _lock:
         _counts.clear()
         _warned.clear()
+        _last_any.clear()
     _local.paths = {}

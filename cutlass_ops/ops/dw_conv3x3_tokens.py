@@ -114,7 +114,7 @@ def _dw_tokens_backward(ctx, grads):
     convs = [g[:, lead:] for g in grads]
     grad_x = grad_w = grad_b = grad_lead = None
     if ctx.needs_input_grad[0]:
-        grad_x = torch.ops.cutlass_ops.dw_conv3x3_tokens_backward_input(convs, h, w, weight, strides)
+        grad_x = dw_conv3x3_tokens_backward_input(convs, h, w, weight, strides)  # (records its path)
     if ctx.needs_input_grad[3]:
         m = x.reshape(n, h, w, c)
         m = (m if m.is_contiguous() else m.contiguous()).permute(0, 3, 1, 2)  # NHWC memory, NCHW view

@@ -185,12 +185,13 @@ def _run_one(op, case, device, i, seed, tracked, counts, others):
     except Exception as e:  # a crash is a failure too, reported with its reproducer
         fail = f"raised {type(e).__name__}: {e}"
     if fail:
-        ran = {name: paths.last_path(name) for name in tracked}
+        ran = {name: paths.last_path(name, any_thread=True) for name in tracked}
         pytest.fail(f"fuzz {op} case {i} (CUTLASS_OPS_FUZZ_SEED={seed}) on {device}: {fail}"
                     + (f" [paths: {ran}]" if ran else "") + f"\nreproduce:\n{snippet(op, case, device)}",
                     pytrace=False)
     for name in tracked:
-        path = paths.last_path(name) or NOT_CALLED
+        # any thread: a tracked backward op called by autograd runs on autograd's CUDA thread
+        path = paths.last_path(name, any_thread=True) or NOT_CALLED
         kind = _path_kind(path)
         counts[name][kind] = 1 + counts[name].get(kind, 0)
         if kind != paths.KERNEL:
@@ -204,7 +205,7 @@ def _floor_message(name, seen, others, count):
     msg = (f"{name}: the kernel ran in {seen.get('kernel', 0)} of {count} cases (at least {count // 10} needed): "
            f"{seen}; most frequent other paths: " + "; ".join(f"{n}x {p}" for p, n in top))
     if NOT_CALLED in others:
-        msg += (f" ('{NOT_CALLED}': no call of {name} on this thread recorded a path in that case: the case did not"
+        msg += (f" ('{NOT_CALLED}': no call of {name} on any thread recorded a path in that case: the case did not"
                 " reach it, or it ran a path that does not report itself to cutlass_ops.paths)")
     return msg
 

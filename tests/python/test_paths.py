@@ -58,6 +58,8 @@ def test_last_path_is_per_thread():
         t.join()
     assert seen == {"before": None, "after": "fallback: in the other thread"}
     assert paths.last_path("op_t") == "kernel"
+    # any_thread: the last record on any thread (a CUDA backward's op runs on autograd's thread)
+    assert paths.last_path("op_t", any_thread=True) == "fallback: in the other thread"
     # the counts are the process's, all threads
     assert paths.fallback_counts() == {("op_t", "in the other thread"): 1}
 
