@@ -170,20 +170,22 @@ def _is_scalar(name: str) -> bool:
 _LOW_PRECISION_SEEDS = (3, 4, 5, 6)
 
 
+# A unit of the 16-bit dtypes' rounding (2^-p, p the significand's bits).
+_UNIT = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+
+
 def _check_grads(dtype, device, bound):
-    """float64: every gradient within `bound`.  fp16/bf16: rounding the activations to 16
-    bits leaves the FixUp scalars' gradients (sums of 10^4-10^6 terms that largely cancel)
-    off by tens of percent or more, in PyTorch's own run of the module as much as in ours,
-    and which of the two is closer changes with the input (docs/benchmarks/resnet/h100_gradient_errors_six_inputs.txt:
-    over six seeds in bf16 the worst scalar was off by 4.7x in FusedResNet and by 15x in
-    PyTorch).  So in 16 bits the check is on the tensor gradients (conv and SE weights, the
-    input) over four seeds, relative to PyTorch's runs: their RMS relative error no worse than
-    1.25x PyTorch's, and none off by more than 10x `bound`, twice PyTorch's error on it and
-    what its conditioning explains (a bug, not rounding).  The
-    scalars' gradients are checked in float64 (exact to 1e-6) and by the backward ops' own
-    tests against float64.  Prints the tables and how many gradients exceed `bound`."""
+    """float64: every gradient within `bound`.  fp16/bf16: tensor by tensor, pooled over four
+    seeds (one seed's ratio is noise: which of FusedResNet and PyTorch lands closer to float64
+    changes with the weights and the input), every parameter's gradient and the input's: the
+    RMS over the seeds of FusedResNet's relative error at most 2x PyTorch's own (the reference
+    module run in the same dtype) plus one unit of the dtype; the FixUp scalars' gradients (sums
+    of 10^4-10^6 terms that largely cancel, docs/benchmarks/resnet/h100_gradient_errors_six_inputs.txt)
+    measured relative to the sum of their terms' magnitudes, at most 2x PyTorch's plus four
+    units (the fuzz's scalar bound).  Also the tensor gradients' RMS at most 1.25x PyTorch's.
+    Prints the tables, per seed and pooled."""
     seeds = (3,) if dtype == torch.float64 else _LOW_PRECISION_SEEDS
-    pooled, limits = {}, {}
+    pooled = {}
     for seed in seeds:
         errs, kappa, scalar_errs = _grad_errors(dtype, device, seed)
         print(f"\nFusedResNet grads, {dtype} {device}, seed {seed}: relative error vs float64 (fused, eager same dtype;"
@@ -194,30 +196,32 @@ def _check_grads(dtype, device, bound):
         fused, eager = [e[0] for e in errs.values()], [e[1] for e in errs.values()]
         print(f"over {bound:g}: fused {sum(e > bound for e in fused)}, eager {sum(e > bound for e in eager)} "
               f"of {len(errs)}; RMS fused {_rms(fused):.3g}, eager {_rms(eager):.3g}")
-        pooled.update({(seed, name): e for name, e in errs.items()})
-        # excite.0 (fc1) gets its gradient through the hidden units' sums over channels, which
-        # cancel: its error may be their condition number times fc2's (on an H100 in fp16,
-        # seed 6, block 0 had one active hidden unit, condition 21: fused 0.15 vs fc2's 0.012,
-        # PyTorch 0.005; seed 4 the reverse, PyTorch 0.058 vs fused 0.008).  Up to 0.5: a
-        # wrong gradient is off by O(1).
-        for b, k in kappa.items():
-            upstream = errs[f"layers.{b}.0.se.excite.2.weight"][0]
-            for p in ("weight", "bias"):
-                limits[(seed, f"layers.{b}.0.se.excite.0.{p}")] = min(0.5, 2 * k * upstream)
         print("condition of the SE hidden units' gradient sums: "
               + ", ".join(f"block {b} {k:.1f}" for b, k in kappa.items()))
+        if dtype == torch.float64:
+            pooled.update({(seed, name): e for name, e in errs.items()})
+        else:  # (the scalars by their terms' magnitudes; "tensor " entries: the RMS check's)
+            pooled.update({(seed, name): scalar_errs.get(name, e) for name, e in errs.items()})
+            pooled.update({(seed, "tensor " + name): e for name, e in errs.items() if not _is_scalar(name)})
     if dtype == torch.float64:
         assert max(e[0] for e in pooled.values()) <= bound, pooled
-    else:
-        tensors = {k: e for k, e in pooled.items() if not _is_scalar(k[1])}
-        fused_t, eager_t = _rms([e[0] for e in tensors.values()]), _rms([e[1] for e in tensors.values()])
-        print(f"tensor gradients over seeds {seeds}: RMS fused {fused_t:.3g}, eager {eager_t:.3g}")
-        assert fused_t <= 1.25 * eager_t, (fused_t, eager_t)
-        # A bug, not rounding: a gradient off by more than 10x `bound`, by more than twice
-        # PyTorch's own error on it (in bf16, seed 6, SE bias: fused 0.21, PyTorch 0.45), and by
-        # more than its conditioning explains (excite.0, above).
-        outliers = {k: e for k, e in tensors.items() if e[0] > max(10 * bound, 2 * e[1], limits.get(k, 0))}
-        assert not outliers, outliers
+        return
+    tensors = {k: e for k, e in pooled.items() if k[1].startswith("tensor ")}
+    fused_t, eager_t = _rms([e[0] for e in tensors.values()]), _rms([e[1] for e in tensors.values()])
+    print(f"tensor gradients over seeds {seeds}: RMS fused {fused_t:.3g}, eager {eager_t:.3g}")
+    unit = _UNIT[dtype]
+    print(f"pooled over seeds {seeds} (RMS of the relative errors; scalars relative to sum |terms|): "
+          "fused, eager, bound, fused / bound")
+    worse = {}
+    for name in dict.fromkeys(k[1] for k in pooled if not k[1].startswith("tensor ")):
+        f_ = _rms([pooled[(s, name)][0] for s in seeds])
+        e_ = _rms([pooled[(s, name)][1] for s in seeds])
+        limit = 2 * e_ + (4 * unit if _is_scalar(name) else unit)
+        print(f"  {name:40s} {f_:9.2e} {e_:9.2e} {limit:9.2e} {f_ / limit:6.2f}")
+        if f_ > limit:
+            worse[name] = (f_, e_, limit)
+    assert fused_t <= 1.25 * eager_t, (fused_t, eager_t)
+    assert not worse, ("gradients over 2x PyTorch's own error (fused, eager, bound)", worse)
 
 
 def test_fused_resnet_gradients_cpu_float64():

@@ -168,7 +168,10 @@ def zero_gradient_params(model) -> set:
 
 def _low_precision_check(device, dtype, n, h, w, train: bool, options=None):
     """FusedCvT and the reference, both in `dtype`, against the reference in float64 (same
-    weights): FusedCvT's error at most 1.5x the reference's own (and a small floor)."""
+    weights): FusedCvT's error at most 1.5x the reference's own (and a small floor); in
+    training, every parameter's gradient (and the input's) at most 2x the reference's own
+    error on that tensor plus the floor (a tensor whose float64 gradient is near zero), and
+    the RMS over all of them at most 1.5x the reference's."""
     ref64 = reference(drop_path_rate=0.0, device=device).train(train)
     ref_lp = reference(drop_path_rate=0.0, device=device, dtype=dtype).train(train)
     fused = FusedCvT.from_reference(ref_lp, options)
@@ -208,6 +211,10 @@ def _low_precision_check(device, dtype, n, h, w, train: bool, options=None):
         for k, (f_, r_) in sorted(per.items(), key=lambda kv: -kv[1][0] / max(kv[1][1], 1e-12))[:20]:
             print(f"  {k:60s} {f_:9.2e} {r_:9.2e}")
         assert rms("fused") <= 1.5 * rms("ref") + floor, (rms("fused"), rms("ref"))
+        # tensor by tensor (on an H100 the largest fused/reference ratio of 324: 1.29 in fp16,
+        # 1.23 in bf16): a gradient 2x worse than PyTorch's own on the same tensor is a bug
+        worse = {k: (f_, r_) for k, (f_, r_) in per.items() if f_ > 2 * r_ + floor}
+        assert not worse, ("gradients over 2x the reference's own error (fused, reference)", worse)
         for k in grads["ref64"]:
             assert torch.isfinite(grads["fused"][k]).all(), k
     return fused, xs["fused"]
