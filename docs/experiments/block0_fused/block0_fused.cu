@@ -1,12 +1,14 @@
 // Torch extension entry points for the block-0 fused kernels: `forward` runs the mma.sync
 // kernel (block0_fused_kernel.cuh), `forward_wgmma` the wgmma one (block0_wgmma_kernel.cuh,
-// sm_90a only).  Built by run.py with torch.utils.cpp_extension.load; the kernel headers
+// sm_90a only), `forward_stream` the wgmma one with its filters streamed, two CTAs an SM
+// (block0_stream_kernel.cuh, sm_90a only).  Built by run.py with torch.utils.cpp_extension.load; the kernel headers
 // have no torch dependency, so they can also be compile-checked alone (see README.md).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
 #include "block0_fused_kernel.cuh"
+#include "block0_stream_kernel.cuh"
 #include "block0_wgmma_kernel.cuh"
 
 namespace {
@@ -105,6 +107,42 @@ void fill_params(P& p, const Block0Args& a, const torch::Tensor& b1a, const torc
   p.n = a.n;
 }
 
+// nullptr, or the checked phase_clk tensor's data: int64, at least [grid][kPhases] on x's GPU.
+long long* phase_clk_ptr(const c10::optional<torch::Tensor>& phase_clk, const torch::Tensor& x, int grid) {
+  using block0_wgmma::kPhases;
+  if (!phase_clk.has_value()) return nullptr;
+  const torch::Tensor& t = *phase_clk;
+  TORCH_CHECK(t.is_cuda() && t.get_device() == x.get_device() && t.scalar_type() == torch::kLong &&
+                  t.is_contiguous() && t.numel() >= static_cast<int64_t>(grid) * kPhases,
+              "block0_fused: phase_clk must be a contiguous int64 tensor on x's GPU with at least ", grid, " x ",
+              kPhases, " elements (CTAs x phases)");
+  return reinterpret_cast<long long*>(t.data_ptr<int64_t>());
+}
+
+void require_sm90(const torch::Tensor& x, const char* what, int smem_optin, int smem_bytes) {
+  const auto* prop = at::cuda::getDeviceProperties(x.get_device());
+  TORCH_CHECK(prop->major == 9 && prop->minor == 0, "block0_fused: ", what,
+              " needs an sm_90 GPU (wgmma, built for sm_90a), this is sm_", prop->major, prop->minor);
+  TORCH_CHECK(smem_optin >= smem_bytes, "block0_fused: ", what, " needs ", smem_bytes,
+              " bytes of shared memory per block, this GPU allows ", smem_optin);
+}
+
+// Both convs' filters, KRSC, as the stream kernel's ring reads them: [conv][tap][n][16-byte
+// chunk j][8], chunk j of row n holding input channels 8(j ^ (n & 7)).. (the 128-byte swizzle
+// of a 1024-aligned slot), one contiguous 8192-byte block a tap.
+torch::Tensor pack_taps(const torch::Tensor& w1k, const torch::Tensor& w2k) {
+  using namespace block0_wgmma;
+  auto opt = torch::TensorOptions().dtype(torch::kLong).device(w1k.device());
+  const auto n = torch::arange(kC, opt).unsqueeze(1), j = torch::arange(8, opt).unsqueeze(0);
+  const auto src_chunk = torch::bitwise_xor(j, torch::bitwise_and(n, 7));  // [64, 8]
+  std::vector<torch::Tensor> convs;
+  for (const auto* wk : {&w1k, &w2k}) {
+    auto t = wk->reshape({kC, 9, 8, 8}).permute({1, 0, 2, 3});  // [tap][n][chunk][8]
+    convs.push_back(t.index({torch::indexing::Slice(), n, src_chunk}));
+  }
+  return torch::cat(convs).contiguous();  // [18][64][8][8]
+}
+
 }  // namespace
 
 torch::Tensor block0_forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2, torch::Tensor b1a,
@@ -144,12 +182,7 @@ torch::Tensor block0_forward_wgmma(torch::Tensor x, torch::Tensor w1, torch::Ten
   const c10::cuda::CUDAGuard guard(x.device());
   Block0Args a = check_args(x, w1, w2, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b, out_opt);
   if (a.n == 0) return a.out;
-  const auto* prop = at::cuda::getDeviceProperties(x.get_device());
-  TORCH_CHECK(prop->major == 9 && prop->minor == 0,
-              "block0_fused: forward_wgmma needs an sm_90 GPU (wgmma, built for sm_90a), this is sm_",
-              prop->major, prop->minor);
-  TORCH_CHECK(a.smem_optin >= kSmemBytes, "block0_fused: forward_wgmma needs ", kSmemBytes,
-              " bytes of shared memory per block, this GPU allows ", a.smem_optin);
+  require_sm90(x, "forward_wgmma", a.smem_optin, kSmemBytes);
   TORCH_CHECK(desc_base_offset_mode == 0 || desc_base_offset_mode == 1,
               "block0_fused: desc_base_offset_mode must be 0 or 1");
   static bool attribute_set = false;
@@ -162,16 +195,68 @@ torch::Tensor block0_forward_wgmma(torch::Tensor x, torch::Tensor w1, torch::Ten
   fill_params(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
   p.desc_base_offset_mode = static_cast<int>(desc_base_offset_mode);
   const int grid = a.n < a.sms ? a.n : a.sms;
-  p.phase_clk = nullptr;
-  if (phase_clk.has_value()) {
-    const torch::Tensor& t = *phase_clk;
-    TORCH_CHECK(t.is_cuda() && t.get_device() == x.get_device() && t.scalar_type() == torch::kLong &&
-                    t.is_contiguous() && t.numel() >= static_cast<int64_t>(grid) * kPhases,
-                "block0_fused: phase_clk must be a contiguous int64 tensor on x's GPU with at least ", grid, " x ",
-                kPhases, " elements (CTAs x phases)");
-    p.phase_clk = reinterpret_cast<long long*>(t.data_ptr<int64_t>());
-  }
+  p.phase_clk = phase_clk_ptr(phase_clk, x, grid);
   block0_wgmma_kernel<<<grid, kThreads, kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return a.out;
+}
+
+// CTAs of the stream kernel an SM of the current GPU holds (2 is the design; the timed and
+// untimed builds alike).  Sets the kernels' shared-memory attribute once a process.
+int64_t block0_stream_ctas_per_sm() {
+  namespace bs = block0_stream;
+  static int ctas = -1;
+  if (ctas < 0) {
+    int timed = 0;
+    for (auto* k : {bs::block0_stream_kernel<false>, bs::block0_stream_kernel<true>})
+      C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bs::kSmemBytes));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, bs::block0_stream_kernel<false>, bs::kThreads,
+                                                                 bs::kSmemBytes));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&timed, bs::block0_stream_kernel<true>, bs::kThreads,
+                                                                 bs::kSmemBytes));
+    ctas = ctas < timed ? ctas : timed;
+  }
+  return ctas;
+}
+
+// The stream kernel, same arguments (no descriptor mode: base offset 0, as the H100 run settled).
+// Its grid: as many CTAs as fit the GPU at once (two an SM when its registers and shared memory
+// allow), each looping over images.
+torch::Tensor block0_forward_stream(torch::Tensor x, torch::Tensor w1, torch::Tensor w2, torch::Tensor b1a,
+                                    torch::Tensor b1b, torch::Tensor b2a, torch::Tensor scale, torch::Tensor b2b,
+                                    torch::Tensor fc1_w, torch::Tensor fc1_b, torch::Tensor fc2_w,
+                                    torch::Tensor fc2_b, c10::optional<torch::Tensor> out_opt,
+                                    c10::optional<torch::Tensor> phase_clk) {
+  namespace bs = block0_stream;
+  const c10::cuda::CUDAGuard guard(x.device());
+  Block0Args a = check_args(x, w1, w2, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b, out_opt);
+  if (a.n == 0) return a.out;
+  require_sm90(x, "forward_stream", a.smem_optin, bs::kSmemBytes);
+  const int ctas_per_sm = static_cast<int>(block0_stream_ctas_per_sm());
+  TORCH_CHECK(ctas_per_sm > 0, "block0_fused: forward_stream's kernel cannot be resident on this GPU");
+  const torch::Tensor taps = pack_taps(a.w1k, a.w2k);
+  bs::Params p;
+  p.x = reinterpret_cast<const __half*>(a.x.data_ptr<at::Half>());
+  p.out = reinterpret_cast<__half*>(a.out.data_ptr<at::Half>());
+  p.wtaps = reinterpret_cast<const __half*>(taps.data_ptr<at::Half>());
+  p.b1a = b1a.data_ptr<float>();
+  p.b1b = b1b.data_ptr<float>();
+  p.b2a = b2a.data_ptr<float>();
+  p.scale = scale.data_ptr<float>();
+  p.b2b = b2b.data_ptr<float>();
+  p.fc1_w = fc1_w.data_ptr<float>();
+  p.fc1_b = fc1_b.data_ptr<float>();
+  p.fc2_w = fc2_w.data_ptr<float>();
+  p.fc2_b = fc2_b.data_ptr<float>();
+  p.n = a.n;
+  const int slots = ctas_per_sm * a.sms;
+  const int grid = a.n < slots ? a.n : slots;
+  p.phase_clk = phase_clk_ptr(phase_clk, x, grid);
+  // (the timed build spills a few registers: its times are of a slightly slower kernel)
+  if (p.phase_clk != nullptr)
+    bs::block0_stream_kernel<true><<<grid, bs::kThreads, bs::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(p);
+  else
+    bs::block0_stream_kernel<false><<<grid, bs::kThreads, bs::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return a.out;
 }
@@ -186,6 +271,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w2"), py::arg("b1a"), py::arg("b1b"), py::arg("b2a"), py::arg("scale"), py::arg("b2b"),
         py::arg("fc1_w"), py::arg("fc1_b"), py::arg("fc2_w"), py::arg("fc2_b"), py::arg("out") = py::none(),
         py::arg("desc_base_offset_mode") = 0, py::arg("phase_clk") = py::none());
+  m.def("forward_stream", &block0_forward_stream,
+        "SE-ResNet9-FixUp block 0 as one wgmma kernel, filters streamed, two CTAs an SM (fp16 NHWC, sm_90a)",
+        py::arg("x"), py::arg("w1"), py::arg("w2"), py::arg("b1a"), py::arg("b1b"), py::arg("b2a"),
+        py::arg("scale"), py::arg("b2b"), py::arg("fc1_w"), py::arg("fc1_b"), py::arg("fc2_w"), py::arg("fc2_b"),
+        py::arg("out") = py::none(), py::arg("phase_clk") = py::none());
+  m.def("stream_ctas_per_sm", &block0_stream_ctas_per_sm,
+        "CTAs of the stream kernel one SM of the current GPU holds");
+  m.attr("stream_smem_bytes") = block0_stream::kSmemBytes;
   m.attr("smem_bytes") = block0::kSmemBytes;
   m.attr("wgmma_phases") = block0_wgmma::kPhases;
   m.attr("wgmma_smem_bytes") = block0_wgmma::kSmemBytes;

@@ -2,8 +2,9 @@
 
     python docs/experiments/block0_fused/run.py            # needs an sm_90 GPU and cutlass_ops
 
-Two kernels: the mma.sync one (`forward`, block0_fused_kernel.cuh) and the wgmma one
-(`forward_wgmma`, block0_wgmma_kernel.cuh).
+Three kernels: the mma.sync one (`forward`, block0_fused_kernel.cuh), the wgmma one
+(`forward_wgmma`, block0_wgmma_kernel.cuh) and the wgmma one with its filters streamed, two
+CTAs an SM (`forward_stream`, block0_stream_kernel.cuh), which runs last (step 5).
 1. Builds block0_fused.cu as a torch extension (build directory under /tmp).
 2. Correctness, N = 1, 3, 127, 128, 2048: a SEFixupBasicBlock(64, 64) from cutlass_ops.models
    with random weights, non-zero FixUp scalars and SE weights (a seeded torch.Generator) is
@@ -20,8 +21,10 @@ Two kernels: the mma.sync one (`forward`, block0_fused_kernel.cuh) and the wgmma
    block 1's downsample reads, as in the model, and without); PyTorch eager fp16
    channels_last.  Bound = max(compulsory bytes / HBM bandwidth, FLOPs / 0.99e15).  Then, at
    N = 2048, the wgmma kernel's cycles an image by phase (its phase_clk: where the time goes).
-4. Writes results.json (beside this file unless --out) and exits 1 if a check of either
-   kernel failed.
+4. Writes results.json (beside this file unless --out).
+5. The stream kernel (unless --skip-stream): CTAs an SM, the same correctness check on inputs
+   of its own generator, its timing rows beside FusedResNet's, its phases at N = 2048; then
+   results.json again, with a "stream" entry.  Exit status 1 if a check of any kernel failed.
 """
 from __future__ import annotations
 
@@ -120,6 +123,10 @@ class Variants:
         return ext.forward_wgmma(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
                                  *self.fc, out, desc_base_offset_mode, phase_clk)
 
+    def fused_stream(self, ext, x, out=None, phase_clk=None):
+        return ext.forward_stream(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
+                                  *self.fc, out, phase_clk)
+
     def fusedresnet_path(self, xa, pooled: bool):
         """FusedResNet._fused_ops for block 0: the stem hands over xa = x + b1a; identity is
         xa + (-b1a) in se_gate; se_gate adds block 1's b1a and writes block 1's pooled map."""
@@ -144,13 +151,17 @@ def make_input(n: int, gen: torch.Generator) -> torch.Tensor:
 
 def check_wgmma(ext, v: Variants, x: torch.Tensor, ref: torch.Tensor, torch_err: float,
                 mode: int = 0, label: str = "wgmma") -> dict:
-    """The wgmma kernel on x against ref; the same criterion as the mma.sync kernel's."""
+    """The wgmma kernel (label "stream": the stream kernel) on x against ref; the same
+    criterion as the mma.sync kernel's."""
     n = x.shape[0]
     row = {"n": n, "torch_fp16_err": torch_err, "desc_base_offset_mode": mode}
     try:
         with torch.no_grad():
             out = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
-            v.fused_wgmma(ext, x, out, mode)
+            if label == "stream":
+                v.fused_stream(ext, x, out)
+            else:
+                v.fused_wgmma(ext, x, out, mode)
             torch.cuda.synchronize()
         row["finite"] = bool(torch.isfinite(out).all())
         row["fused_err"] = rel_err(out, ref)
@@ -192,9 +203,9 @@ def check(ext, v: Variants, gen: torch.Generator, sizes) -> list[dict]:
 
 
 def check_wgmma_sizes(ext, v: Variants, seed: int, sizes, mode: int = 0, label: str = "wgmma") -> list[dict]:
-    """The wgmma kernel at each N, on inputs of its own generator (so the mma.sync kernel's
-    checks and the timing see the same inputs as without it)."""
-    gen = torch.Generator().manual_seed(seed + 1)
+    """The wgmma kernel (label "stream": the stream kernel) at each N, on inputs of its own
+    generator (so the mma.sync kernel's checks and the timing see the same inputs as without it)."""
+    gen = torch.Generator().manual_seed(seed + (2 if label == "stream" else 1))
     rows = []
     for n in sizes:
         x = make_input(n, gen)
@@ -239,7 +250,9 @@ def time_graph(fn, calls: int = 20, replays: int = 10) -> float:
 
 
 def bench(ext, v: Variants, gen: torch.Generator, sizes, hbm: float, wgmma_ok: bool = True,
-          wgmma_mode: int = 0) -> list[dict]:
+          wgmma_mode: int = 0, stream_ok=None) -> list[dict]:
+    """stream_ok: None leaves the stream kernel out; otherwise only it (marked when it failed its
+    check), FusedResNet's path and PyTorch's are timed (the other two kernels were already)."""
     rows = []
     print(f"\n{'N':>5} {'implementation':<40} {'us':>9} {'TFLOP/s':>8} {'GB/s':>7} {'of bound':>8}")
     for n in sizes:
@@ -251,9 +264,14 @@ def bench(ext, v: Variants, gen: torch.Generator, sizes, hbm: float, wgmma_ok: b
         impls = [("fused (1 kernel)", lambda: v.fused(ext, x)),
                  ("fused wgmma (1 kernel)" + ("" if wgmma_ok else ", check FAILED"),
                   lambda: v.fused_wgmma(ext, x, None, wgmma_mode)),
+                 *([] if stream_ok is None else
+                   [("fused stream, 2 CTAs/SM (1 kernel)" + ("" if stream_ok else ", check FAILED"),
+                     lambda: v.fused_stream(ext, x))]),
                  ("FusedResNet block 0 (3 kernels, +pooled)", lambda: v.fusedresnet_path(xa, True)),
                  ("FusedResNet ops, no pooled map", lambda: v.fusedresnet_path(xa, False)),
                  ("PyTorch eager fp16 channels_last", lambda: v.ref16(x))]
+        if stream_ok is not None:
+            impls = [(name, fn) for name, fn in impls if "wgmma" not in name and name != "fused (1 kernel)"]
         for name, fn in impls:
             try:
                 with torch.no_grad():
@@ -274,26 +292,36 @@ PHASES = ["input landed, xa = x + b1a", "conv1 (wgmma)", "conv1 epilogue -> B", 
           "conv2 epilogue, SE sums", "excite", "gate + residual -> B", "copy-out", "prologue (once a CTA)"]
 
 
-def wgmma_phases(ext, v: Variants, gen: torch.Generator, n: int, mode: int = 0) -> dict:
-    """Where an image's time goes in the wgmma kernel at batch n: the cycles each CTA's thread
-    0 spent per phase (clock64, its warpgroup's MMAs and every barrier's wait included), summed
-    over the CTAs and divided by n: cycles an image; and the run's own time by CUDA events."""
+def wgmma_phases(ext, v: Variants, gen: torch.Generator, n: int, mode: int = 0, stream: bool = False) -> dict:
+    """Where an image's time goes in the wgmma kernel (stream: the stream kernel, whose timed
+    build spills a few registers) at batch n: the cycles each CTA's thread 0 spent per phase
+    (clock64, its warpgroup's MMAs and every barrier's wait included), summed over the CTAs and
+    divided by n: cycles an image; and the run's own time by CUDA events.  With two CTAs an SM
+    (the stream kernel) an image's cycles overlap the other CTA's: the total is then twice an
+    SM's time an image."""
     assert len(PHASES) == ext.wgmma_phases
     x = make_input(n, gen)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    clk = torch.zeros(min(n, sms), ext.wgmma_phases, dtype=torch.int64, device="cuda")
+    ctas = min(n, sms * (ext.stream_ctas_per_sm() if stream else 1))
+    clk = torch.zeros(ctas, ext.wgmma_phases, dtype=torch.int64, device="cuda")
+
+    def launch(phase_clk=None):
+        if stream:
+            v.fused_stream(ext, x, None, phase_clk)
+        else:
+            v.fused_wgmma(ext, x, None, mode, phase_clk=phase_clk)
     with torch.no_grad():
-        v.fused_wgmma(ext, x, None, mode)  # warm
+        launch()  # warm
         clk.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        v.fused_wgmma(ext, x, None, mode, phase_clk=clk)
+        launch(clk)
         end.record()
         end.synchronize()
     per_image = (clk.sum(0).double() / n).tolist()
     total = sum(per_image)
     us = start.elapsed_time(end) * 1e3
-    print(f"\nwgmma kernel at N={n}: cycles an image by phase (thread 0 of each CTA; {clk.shape[0]} CTAs, "
+    print(f"\n{'stream' if stream else 'wgmma'} kernel at N={n}: cycles an image by phase (thread 0 of each CTA; {clk.shape[0]} CTAs, "
           f"{us:.1f} us this launch)")
     for name, c in zip(PHASES, per_image):
         print(f"  {name:<32} {c:10.0f} {c / total:6.1%}")
@@ -304,6 +332,20 @@ def wgmma_phases(ext, v: Variants, gen: torch.Generator, n: int, mode: int = 0) 
             "mhz_seen": mhz}
 
 
+def stream_part(ext, v: Variants, gen: torch.Generator, seed: int, hbm: float, skip_timing: bool) -> dict:
+    """The stream kernel, last (a fault loses the CUDA context; a hang in its ring stops the
+    run where the earlier results are already written): how many CTAs an SM holds, the
+    correctness check, its timing row against FusedResNet's path, its phases."""
+    ctas = ext.stream_ctas_per_sm()
+    print(f"\nstream kernel: {ext.stream_smem_bytes} B/CTA, {ctas} CTA(s) an SM")
+    rows = check_wgmma_sizes(ext, v, seed, [1, 3, 127, 128, 2048], label="stream")
+    ok = all(r["passed"] for r in rows)
+    timing = [] if skip_timing else bench(ext, v, gen, [128, 512, 2048], hbm, stream_ok=ok)
+    phases = wgmma_phases(ext, v, gen, 2048, stream=True) if ok and not skip_timing else None
+    return {"ctas_per_sm": ctas, "smem_bytes": ext.stream_smem_bytes, "correctness": rows, "passed": ok,
+            "timing": timing, "phases": phases}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "results.json"))
@@ -312,6 +354,8 @@ def main() -> int:
     ap.add_argument("--wgmma-mode", type=int, choices=(0, 1), default=0,
                     help="the wgmma descriptors' base-offset field: 0 (the design's reading) or (start >> 7) & 7; "
                          "a process whose kernel faulted cannot run the other mode itself (the CUDA context is lost)")
+    ap.add_argument("--skip-stream", action="store_true",
+                    help="leave out the stream kernel (block0_stream_kernel.cuh), which runs last")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("block0_fused: needs a CUDA GPU (sm_90: the kernels take 215600 and 231456 bytes of shared memory)")
@@ -346,7 +390,14 @@ def main() -> int:
     ok = all(r["passed"] for r in correctness)
     print("correctness: " + ("all passed" if ok else "FAILED"))
     print("correctness (wgmma kernel): " + ("all passed" if ok_wgmma else "FAILED"))
-    return 0 if ok and ok_wgmma else 1
+    if args.skip_stream:
+        return 0 if ok and ok_wgmma else 1
+    result["stream"] = stream_part(ext, v, gen, args.seed, hbm, args.skip_timing)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {args.out} (with the stream kernel)")
+    ok_stream = result["stream"]["passed"]
+    print("correctness (stream kernel): " + ("all passed" if ok_stream else "FAILED"))
+    return 0 if ok and ok_wgmma and ok_stream else 1
 
 
 if __name__ == "__main__":
