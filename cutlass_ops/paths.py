@@ -7,10 +7,10 @@ op's wrapper records, for every call on CUDA, which path it took:
     cutlass_ops.last_path("se_gate")        # "kernel", "empty" or "fallback: <reason>"
 
 (per thread: the last call of that op on this thread; ``last_path(op, any_thread=True)``: the
-last call on any thread, e.g. a CUDA backward's op, which runs on autograd's thread).  A model may record its own choices
-the same way, with "aten: <what ran>" for a PyTorch path that is not a fallback (no count, no
-warning, allowed in strict mode): ``last_path("fused_cvt.mlp")``, FusedCvT's MLP activation
-(a GELU model's ``F.gelu``).  A fallback also
+last call on any thread, e.g. a CUDA backward's op, which runs on autograd's thread).  A model
+may record its own choices the same way, with "aten: <what ran>" for a PyTorch path that is
+not a fallback (no count, no warning, allowed in strict mode): ``last_path("fused_cvt.mlp")``,
+FusedCvT's MLP activation (a GELU model's ``F.gelu``).  A fallback also
 
 - counts: ``fallback_counts()[(op, reason)]`` (all threads, this process);
 - warns once per distinct (op, reason) per process (a UserWarning naming the op, the reason

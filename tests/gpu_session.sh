@@ -17,7 +17,8 @@
 # CvT: cvt-tests, cvt:N (bench cvt inference at batch N), cvt-train:N (a training
 # step), train-check-cvt.  suite (tests/gpu_suite.sh up to the deadline, resumed over the calls
 # of one warm machine: each runs what the earlier ones did not reach), grads (the 16-bit gradient
-# tables of FusedResNet and FusedCvT), block0 (docs/experiments/block0_fused/run.py).
+# tables of FusedResNet and FusedCvT), block0 (docs/experiments/block0_fused/run.py: its three
+# kernels, the stream one last).
 # The family-90 dgrad/wgrad kernels (built unless CUTLASS_OPS_SM90_BACKWARD=OFF is in the environment
 # of this script): sm90-backward-tests (test_conv2d_backward_sm90.py, then test_conv2d_backward.py
 # under the same build), profile90-backward (profile --backward --family 90 into
@@ -127,7 +128,7 @@ for step in ${STEPS:-}; do
     block0)  # docs/experiments/block0_fused/run.py: block 0 as one kernel (mma.sync, wgmma) against FusedResNet's three
       timeout "$limit" "$PYTHON" docs/experiments/block0_fused/run.py --out "$OUT/block0_results.json" \
         > "$OUT/block0.log" 2>&1
-      echo "block0 run.py: rc $?"; tail -32 "$OUT/block0.log"
+      echo "block0 run.py: rc $?"; tail -60 "$OUT/block0.log"
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-tests)  # the family-90 kernels against float64 (forced one by one)
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \

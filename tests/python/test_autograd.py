@@ -185,7 +185,8 @@ def _check_grads(dtype, device, bound):
     units (the fuzz's scalar bound).  Also the tensor gradients' RMS at most 1.25x PyTorch's.
     Prints the tables, per seed and pooled."""
     seeds = (3,) if dtype == torch.float64 else _LOW_PRECISION_SEEDS
-    pooled = {}
+    pooled, tensors = {}, {}  # (seed, name) -> (fused, eager): every gradient; the tensors' alone
+    low = dtype != torch.float64  # (in 16 bits the scalars by their terms' magnitudes)
     for seed in seeds:
         errs, kappa, scalar_errs = _grad_errors(dtype, device, seed)
         print(f"\nFusedResNet grads, {dtype} {device}, seed {seed}: relative error vs float64 (fused, eager same dtype;"
@@ -198,22 +199,19 @@ def _check_grads(dtype, device, bound):
               f"of {len(errs)}; RMS fused {_rms(fused):.3g}, eager {_rms(eager):.3g}")
         print("condition of the SE hidden units' gradient sums: "
               + ", ".join(f"block {b} {k:.1f}" for b, k in kappa.items()))
-        if dtype == torch.float64:
-            pooled.update({(seed, name): e for name, e in errs.items()})
-        else:  # (the scalars by their terms' magnitudes; "tensor " entries: the RMS check's)
-            pooled.update({(seed, name): scalar_errs.get(name, e) for name, e in errs.items()})
-            pooled.update({(seed, "tensor " + name): e for name, e in errs.items() if not _is_scalar(name)})
+        pooled.update({(seed, name): scalar_errs[name] if low and name in scalar_errs else e
+                       for name, e in errs.items()})
+        tensors.update({(seed, name): e for name, e in errs.items() if not _is_scalar(name)})
     if dtype == torch.float64:
         assert max(e[0] for e in pooled.values()) <= bound, pooled
         return
-    tensors = {k: e for k, e in pooled.items() if k[1].startswith("tensor ")}
     fused_t, eager_t = _rms([e[0] for e in tensors.values()]), _rms([e[1] for e in tensors.values()])
     print(f"tensor gradients over seeds {seeds}: RMS fused {fused_t:.3g}, eager {eager_t:.3g}")
     unit = _UNIT[dtype]
     print(f"pooled over seeds {seeds} (RMS of the relative errors; scalars relative to sum |terms|): "
           "fused, eager, bound, fused / bound")
     worse = {}
-    for name in dict.fromkeys(k[1] for k in pooled if not k[1].startswith("tensor ")):
+    for name in dict.fromkeys(name for _, name in pooled):
         f_ = _rms([pooled[(s, name)][0] for s in seeds])
         e_ = _rms([pooled[(s, name)][1] for s in seeds])
         limit = 2 * e_ + (4 * unit if _is_scalar(name) else unit)

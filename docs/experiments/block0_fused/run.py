@@ -321,8 +321,8 @@ def wgmma_phases(ext, v: Variants, gen: torch.Generator, n: int, mode: int = 0, 
     per_image = (clk.sum(0).double() / n).tolist()
     total = sum(per_image)
     us = start.elapsed_time(end) * 1e3
-    print(f"\n{'stream' if stream else 'wgmma'} kernel at N={n}: cycles an image by phase (thread 0 of each CTA; {clk.shape[0]} CTAs, "
-          f"{us:.1f} us this launch)")
+    print(f"\n{'stream' if stream else 'wgmma'} kernel at N={n}: cycles an image by phase (thread 0 of each CTA; "
+          f"{clk.shape[0]} CTAs, {us:.1f} us this launch)")
     for name, c in zip(PHASES, per_image):
         print(f"  {name:<32} {c:10.0f} {c / total:6.1%}")
     # cycles per CTA over the launch against its time: the SM clock the run saw
