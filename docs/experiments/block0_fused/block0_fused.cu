@@ -85,16 +85,15 @@ Block0Args check_args(const torch::Tensor& x, const torch::Tensor& w1, const tor
   return a;
 }
 
-// The kernels' Params share these fields.
+// The fields every kernel's Params has (the filters are set by each entry point: resident
+// kernels take w1, w2 as KRSC, the stream kernel its packed taps).
 template <class P>
-void fill_params(P& p, const Block0Args& a, const torch::Tensor& b1a, const torch::Tensor& b1b,
+void fill_common(P& p, const Block0Args& a, const torch::Tensor& b1a, const torch::Tensor& b1b,
                  const torch::Tensor& b2a, const torch::Tensor& scale, const torch::Tensor& b2b,
                  const torch::Tensor& fc1_w, const torch::Tensor& fc1_b, const torch::Tensor& fc2_w,
                  const torch::Tensor& fc2_b) {
   p.x = reinterpret_cast<const __half*>(a.x.data_ptr<at::Half>());
   p.out = reinterpret_cast<__half*>(a.out.data_ptr<at::Half>());
-  p.w1 = reinterpret_cast<const __half*>(a.w1k.data_ptr<at::Half>());
-  p.w2 = reinterpret_cast<const __half*>(a.w2k.data_ptr<at::Half>());
   p.b1a = b1a.data_ptr<float>();
   p.b1b = b1b.data_ptr<float>();
   p.b2a = b2a.data_ptr<float>();
@@ -105,6 +104,17 @@ void fill_params(P& p, const Block0Args& a, const torch::Tensor& b1a, const torc
   p.fc2_w = fc2_w.data_ptr<float>();
   p.fc2_b = fc2_b.data_ptr<float>();
   p.n = a.n;
+}
+
+// ... and the resident filters, KRSC.
+template <class P>
+void fill_params(P& p, const Block0Args& a, const torch::Tensor& b1a, const torch::Tensor& b1b,
+                 const torch::Tensor& b2a, const torch::Tensor& scale, const torch::Tensor& b2b,
+                 const torch::Tensor& fc1_w, const torch::Tensor& fc1_b, const torch::Tensor& fc2_w,
+                 const torch::Tensor& fc2_b) {
+  fill_common(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
+  p.w1 = reinterpret_cast<const __half*>(a.w1k.data_ptr<at::Half>());
+  p.w2 = reinterpret_cast<const __half*>(a.w2k.data_ptr<at::Half>());
 }
 
 // nullptr, or the checked phase_clk tensor's data: int64, at least [grid][kPhases] on x's GPU.
@@ -236,19 +246,8 @@ torch::Tensor block0_forward_stream(torch::Tensor x, torch::Tensor w1, torch::Te
   TORCH_CHECK(ctas_per_sm > 0, "block0_fused: forward_stream's kernel cannot be resident on this GPU");
   const torch::Tensor taps = pack_taps(a.w1k, a.w2k);
   bs::Params p;
-  p.x = reinterpret_cast<const __half*>(a.x.data_ptr<at::Half>());
-  p.out = reinterpret_cast<__half*>(a.out.data_ptr<at::Half>());
+  fill_common(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
   p.wtaps = reinterpret_cast<const __half*>(taps.data_ptr<at::Half>());
-  p.b1a = b1a.data_ptr<float>();
-  p.b1b = b1b.data_ptr<float>();
-  p.b2a = b2a.data_ptr<float>();
-  p.scale = scale.data_ptr<float>();
-  p.b2b = b2b.data_ptr<float>();
-  p.fc1_w = fc1_w.data_ptr<float>();
-  p.fc1_b = fc1_b.data_ptr<float>();
-  p.fc2_w = fc2_w.data_ptr<float>();
-  p.fc2_b = fc2_b.data_ptr<float>();
-  p.n = a.n;
   const int slots = ctas_per_sm * a.sms;
   const int grid = a.n < slots ? a.n : slots;
   p.phase_clk = phase_clk_ptr(phase_clk, x, grid);

@@ -289,21 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) block0_stream_kernel(Params p) {
     mark(4);
 
     // ---- 5. excite ----
-    if (warp < kHidden) {
-      float s = (__ldg(p.fc1_w + warp * kC + lane) * sum[lane] +
-                 __ldg(p.fc1_w + warp * kC + lane + 32) * sum[lane + 32]) * (1.f / kPix);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) hidden[warp] = fmaxf(s + __ldg(p.fc1_b + warp), 0.f);
-    }
-    __syncthreads();
-    if (tid < kC) {
-      float s = __ldg(p.fc2_b + tid);
-#pragma unroll
-      for (int j = 0; j < kHidden; ++j) s += __ldg(p.fc2_w + tid * kHidden + j) * hidden[j];
-      gate[tid] = 1.f / (1.f + __expf(-s));
-    }
-    __syncthreads();
+    excite(p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b, sum, hidden, gate);
     mark(5);
 
     // ---- 6. out = relu(h * g + x) -> B (x from global memory) ----
@@ -315,15 +301,7 @@ __global__ void __launch_bounds__(kThreads, 2) block0_stream_kernel(Params p) {
     mark(6);
 
     // ---- 7. coalesced copy of B's interior to the output ----
-    {
-      char* dst = reinterpret_cast<char*>(p.out + (size_t)img * kPix * kC);
-#pragma unroll
-      for (int q = tid; q < kPix * 8; q += kThreads) {
-        const int pix = q >> 3;
-        *reinterpret_cast<uint4*>(dst + q * 16) =
-            *reinterpret_cast<const uint4*>(map_b + map_offset(padded_pixel(pix >> 4, pix & 15), q & 7));
-      }
-    }
+    copy_out(map_b, p.out + (size_t)img * kPix * kC);
     mark(7);
   }
   if (kTimed && timed) {

@@ -405,6 +405,39 @@ __device__ __forceinline__ void output_epilogue(const float (&a)[NR], unsigned c
   }
 }
 
+// SE excite from the column sums: gate[c] = sigmoid(fc2(relu(fc1(sum / 256)))); 4 warps the
+// fc1 rows, a barrier, 64 threads fc2, a barrier.
+__device__ __forceinline__ void excite(const float* fc1_w, const float* fc1_b, const float* fc2_w,
+                                       const float* fc2_b, const float* sum, float* hidden, float* gate) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (warp < kHidden) {
+    float s = (__ldg(fc1_w + warp * kC + lane) * sum[lane] + __ldg(fc1_w + warp * kC + lane + 32) * sum[lane + 32]) *
+              (1.f / kPix);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) hidden[warp] = fmaxf(s + __ldg(fc1_b + warp), 0.f);
+  }
+  __syncthreads();
+  if (tid < kC) {
+    float s = __ldg(fc2_b + tid);
+#pragma unroll
+    for (int j = 0; j < kHidden; ++j) s += __ldg(fc2_w + tid * kHidden + j) * hidden[j];
+    gate[tid] = 1.f / (1.f + __expf(-s));
+  }
+  __syncthreads();
+}
+
+// Coalesced 16-byte copy of a padded map's interior to one image of the output.
+__device__ __forceinline__ void copy_out(const unsigned char* map, __half* out_img) {
+  char* dst = reinterpret_cast<char*>(out_img);
+#pragma unroll
+  for (int q = threadIdx.x; q < kPix * 8; q += kThreads) {
+    const int pix = q >> 3;
+    *reinterpret_cast<uint4*>(dst + q * 16) =
+        *reinterpret_cast<const uint4*>(map + map_offset(padded_pixel(pix >> 4, pix & 15), q & 7));
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
 #if BLOCK0_WGMMA_ENABLED
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -486,21 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     mark(4);
 
     // ---- 5. excite ----
-    if (warp < kHidden) {
-      float s = (__ldg(p.fc1_w + warp * kC + lane) * sum[lane] +
-                 __ldg(p.fc1_w + warp * kC + lane + 32) * sum[lane + 32]) * (1.f / kPix);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) hidden[warp] = fmaxf(s + __ldg(p.fc1_b + warp), 0.f);
-    }
-    __syncthreads();
-    if (tid < kC) {
-      float s = __ldg(p.fc2_b + tid);
-#pragma unroll
-      for (int j = 0; j < kHidden; ++j) s += __ldg(p.fc2_w + tid * kHidden + j) * hidden[j];
-      gate[tid] = 1.f / (1.f + __expf(-s));
-    }
-    __syncthreads();
+    excite(p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b, sum, hidden, gate);
     mark(5);
 
     // ---- 6. out = relu(h * g + x) -> B (x from global memory) ----
@@ -512,15 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     mark(6);
 
     // ---- 7. coalesced copy of B's interior to the output ----
-    {
-      char* dst = reinterpret_cast<char*>(p.out + (size_t)img * kPix * kC);
-#pragma unroll
-      for (int q = tid; q < kPix * 8; q += kThreads) {
-        const int pix = q >> 3;
-        *reinterpret_cast<uint4*>(dst + q * 16) =
-            *reinterpret_cast<const uint4*>(map_b + map_offset(padded_pixel(pix >> 4, pix & 15), q & 7));
-      }
-    }
+    copy_out(map_b, p.out + (size_t)img * kPix * kC);
     // (The next iteration's first barrier orders these reads of B before conv1's epilogue
     // writes it again.)
     mark(7);
