@@ -68,12 +68,8 @@ def draw_se_gate_backward(rng):
 
 
 def run_se_gate_backward(c, device):
-    from test_backward_kernels import _se_gate_backward_reference
+    from test_backward_kernels import _kink_flips, _se_gate_backward_reference
     dtype, h, idn, params, (idb, pb, hb) = _se_operands(c, device)
-    if h.numel() and hb is not None:  # keep fc1's pre-activations off ReLU's kink (see test_backward_kernels)
-        pre1 = F.linear(d64(h).mean((2, 3)) + d64(hb), d64(params[0]), d64(params[1]))
-        if pre1.abs().min() < 1e-5:
-            return None
     got_fwd = cutlass_ops.se_gate(h, idn, *params, idb, pb, avgpool=c["avgpool"], h_bias=hb)
     out = got_fwd[0] if c["avgpool"] else got_fwd
     g = torch.Generator().manual_seed(c["seed"] + 1)
@@ -81,7 +77,19 @@ def run_se_gate_backward(c, device):
     n, ch, hh, ww = h.shape
     grad_pooled = make((n, ch, (hh + 1) // 2, (ww + 1) // 2), dtype, device, "channels_last", g) if c["avgpool"] else None
     got = ops.se_gate_backward(grad_out, grad_pooled, h, out, *params, pb, hb)
-    want, g_scale = _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, pb, hb)
+    # A hidden unit within float32 rounding of ReLU's kink may take either side (_kink_flips).
+    first = None
+    for flip in _kink_flips(h, params, hb) if h.numel() else [None]:
+        want, g_scale = _se_gate_backward_reference(grad_out, grad_pooled, h, out, params, pb, hb, flip=flip)
+        fail = _se_gate_backward_fail(got, want, g_scale, dtype)
+        if fail is None:
+            return None
+        first = first or fail
+    return first
+
+
+def _se_gate_backward_fail(got, want, g_scale, dtype):
+    """The first of se_gate_backward's gradients off its bound against one float64 reference, or None."""
     names = ["grad_h", "grad_identity", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "identity_bias",
              "post_bias", "h_bias"]
     for i, (name, gt, wt) in enumerate(zip(names, got, want)):
