@@ -164,6 +164,96 @@ def run_giou_loss(c, device):
     return fail
 
 
+def draw_giou_loss_batched(rng):
+    """giou_loss_padded and giou_loss_ragged: B images of up to M boxes, which boxes are valid
+    drawn (counts, a mask, or all; ragged: offsets, a tail left out), NaN in the padding."""
+    b = 0 if rng.random() < 0.05 else rng.randint(1, 6)
+    m = 0 if rng.random() < 0.05 else rng.randint(1, 30)
+    return dict(b=b, m=m, valid=rng.choice(["counts", "mask", "all"]), dtype=str(_dtype(rng))[6:],
+                reduction=rng.choice(["none", "mean", "sum"]), degenerate=rng.random() < 0.2,
+                nan_padding=rng.random() < 0.5, special=_special(rng), seed=rng.randrange(2**31))
+
+
+def _giou_batched_case(c, g):
+    """(boxes1, boxes2, valid) float64 on the CPU, the padded (B, M, 4) layout; NaN in invalid
+    slots when nan_padding, and (special) one NaN somewhere."""
+    b, m = c["b"], c["m"]
+    lo = torch.rand(b, m, 2, generator=g, dtype=torch.float64) * 10
+    b1 = torch.cat([lo, lo + torch.rand(b, m, 2, generator=g, dtype=torch.float64) * 5 + 0.5], -1)
+    lo = torch.rand(b, m, 2, generator=g, dtype=torch.float64) * 10
+    size = torch.rand(b, m, 2, generator=g, dtype=torch.float64) * 5 + 0.5
+    if c["degenerate"]:
+        size = size * (torch.rand(b, m, 2, generator=g) < 0.5)
+    b2 = torch.cat([lo, lo + size], -1)
+    counts = torch.randint(0, m + 1, (b,), generator=g)
+    valid = {"counts": torch.arange(m)[None, :] < counts[:, None], "mask": torch.rand(b, m, generator=g) < 0.7,
+             "all": torch.ones(b, m, dtype=torch.bool)}[c["valid"]]
+    if c["nan_padding"]:
+        b1[~valid] = float("nan")
+        b2[~valid] = float("nan")
+    if c["special"] and b1.numel():
+        b1.view(-1)[int(torch.randint(b1.numel(), (1,), generator=g))] = float("nan")
+    return b1, b2, valid, counts
+
+
+def _giou_batched_check(loss, grads, b1, b2, valid, up, c, dtype):
+    """loss and its gradients against float64 (and PyTorch's float32) of the per-box formula
+    on the valid boxes only, zero elsewhere: padding contributes nothing, NaN or not."""
+    def reference(x1, x2, work):
+        x1 = x1.detach().to(work).requires_grad_()
+        x2 = x2.detach().to(work).requires_grad_()
+        per = torch.zeros(valid.shape, dtype=work).index_put((valid,), _giou_formula(x1[valid], x2[valid]))
+        out = {"none": per, "sum": per.sum(), "mean": per.sum() / max(int(valid.sum()), 1)}[c["reduction"]]
+        r1, r2 = torch.autograd.grad(out, (x1, x2), up.to(work), allow_unused=True)
+        return out.detach(), r1, r2
+    ref = reference(b1, b2, torch.float64)
+    own = reference(b1, b2, torch.float32)
+    fail = compare("loss", loss, ref[0], own[0], torch.float32, slack=4.0)
+    for name, got, want, theirs in zip(("grad_boxes1", "grad_boxes2"), grads, ref[1:], own[1:]):
+        if fail:
+            return fail
+        if got is None:
+            fail = None if want is None or not want.numel() else f"{name}: no gradient"
+            continue
+        fail = compare(name, got, want, theirs.to(dtype), dtype, slack=4.0)
+    return fail
+
+
+def run_giou_loss_padded(c, device):
+    """giou_loss_padded: (B, M, 4) boxes, validity from counts, a mask or neither; loss and
+    gradients."""
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    b1, b2, valid, counts = _giou_batched_case(c, g)
+    x1 = b1.to(dtype).to(device).requires_grad_()
+    x2 = b2.to(dtype).to(device).requires_grad_()
+    kw = {"counts": {"counts": counts.to(device)}, "mask": {"mask": valid.to(device)}, "all": {}}[c["valid"]]
+    loss = cutlass_ops.giou_loss_padded(x1, x2, reduction=c["reduction"], **kw)
+    up = torch.randn(loss.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad(loss, (x1, x2), up.to(loss.dtype).to(device), allow_unused=True)
+    return _giou_batched_check(loss, grads, b1.to(dtype), b2.to(dtype), valid, up, c, dtype)
+
+
+def run_giou_loss_ragged(c, device):
+    """giou_loss_ragged: the same boxes concatenated (T = B*M, 4), images [offsets[b],
+    offsets[b+1]) with offsets[0] > 0 or a tail left out at random; loss and gradients."""
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    b1, b2, _, _ = _giou_batched_case(c, g)
+    t = c["b"] * c["m"]
+    b1, b2 = b1.reshape(t, 4), b2.reshape(t, 4)
+    cuts = torch.sort(torch.randint(0, t + 1, (c["b"] + 1,), generator=g)).values if c["valid"] != "all" else \
+        torch.linspace(0, t, c["b"] + 1, dtype=torch.float64).round().long()
+    valid = (torch.arange(t) >= cuts[0]) & (torch.arange(t) < cuts[-1])
+    if c["nan_padding"]:
+        b1[~valid] = float("nan")
+        b2[~valid] = float("nan")
+    x1 = b1.to(dtype).to(device).requires_grad_()
+    x2 = b2.to(dtype).to(device).requires_grad_()
+    loss = cutlass_ops.giou_loss_ragged(x1, x2, cuts.to(device), reduction=c["reduction"])
+    up = torch.randn(loss.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad(loss, (x1, x2), up.to(loss.dtype).to(device), allow_unused=True)
+    return _giou_batched_check(loss, grads, b1.to(dtype), b2.to(dtype), valid, up, c, dtype)
+
+
 # FusedMLP: the structure from a small pool (on CUDA each compiles one kernel per dtype, cached),
 # everything else random: rows (0 too), weights, values (NaN/Inf too), the input's layout.
 MLP_POOL = [
@@ -401,6 +491,8 @@ OPS = {
     "se_gate_apply": (draw_se_gate_apply, run_se_gate_apply, ["se_gate_apply"]),
     "se_gate_apply_backward": (draw_se_gate_apply, run_se_gate_apply_backward, []),
     "giou_loss": (draw_giou_loss, run_giou_loss, []),
+    "giou_loss_padded": (draw_giou_loss_batched, run_giou_loss_padded, []),
+    "giou_loss_ragged": (draw_giou_loss_batched, run_giou_loss_ragged, []),
     "fused_mlp": (draw_fused_mlp, run_fused_mlp, ["fused_mlp"]),
     "fused_mlp_backward": (draw_fused_mlp_backward, run_fused_mlp_backward, ["fused_mlp_backward"]),
 }
