@@ -218,8 +218,12 @@ int64_t block0_stream_ctas_per_sm() {
   static int ctas = -1;
   if (ctas < 0) {
     int timed = 0;
-    for (auto* k : {bs::block0_stream_kernel<false>, bs::block0_stream_kernel<true>})
+    for (auto* k : {bs::block0_stream_kernel<false>, bs::block0_stream_kernel<true>}) {
       C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bs::kSmemBytes));
+      // all of the unified L1/shared storage as shared memory: two CTAs need 220 KB of it
+      C10_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    }
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, bs::block0_stream_kernel<false>, bs::kThreads,
                                                                  bs::kSmemBytes));
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&timed, bs::block0_stream_kernel<true>, bs::kThreads,
