@@ -240,7 +240,7 @@ torch::Tensor block0_forward_stream(torch::Tensor x, torch::Tensor w1, torch::Te
                                     torch::Tensor b1b, torch::Tensor b2a, torch::Tensor scale, torch::Tensor b2b,
                                     torch::Tensor fc1_w, torch::Tensor fc1_b, torch::Tensor fc2_w,
                                     torch::Tensor fc2_b, c10::optional<torch::Tensor> out_opt,
-                                    c10::optional<torch::Tensor> phase_clk) {
+                                    c10::optional<torch::Tensor> phase_clk, c10::optional<torch::Tensor> taps_opt) {
   namespace bs = block0_stream;
   const c10::cuda::CUDAGuard guard(x.device());
   Block0Args a = check_args(x, w1, w2, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b, out_opt);
@@ -248,7 +248,11 @@ torch::Tensor block0_forward_stream(torch::Tensor x, torch::Tensor w1, torch::Te
   require_sm90(x, "forward_stream", a.smem_optin, bs::kSmemBytes);
   const int ctas_per_sm = static_cast<int>(block0_stream_ctas_per_sm());
   TORCH_CHECK(ctas_per_sm > 0, "block0_fused: forward_stream's kernel cannot be resident on this GPU");
-  const torch::Tensor taps = pack_taps(a.w1k, a.w2k);
+  // The packed filters: given (packed once by the caller, as a model would at load time), or packed here.
+  const torch::Tensor taps = taps_opt.has_value() ? *taps_opt : pack_taps(a.w1k, a.w2k);
+  TORCH_CHECK(taps.device() == x.device() && taps.scalar_type() == torch::kHalf && taps.is_contiguous() &&
+                  taps.sizes() == torch::IntArrayRef({18, 64, 8, 8}),
+              "block0_fused: taps must be pack_taps(w1, w2): (18, 64, 8, 8) float16, contiguous, on x's GPU");
   bs::Params p;
   fill_common(p, a, b1a, b1b, b2a, scale, b2b, fc1_w, fc1_b, fc2_w, fc2_b);
   p.wtaps = reinterpret_cast<const __half*>(taps.data_ptr<at::Half>());
@@ -278,7 +282,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "SE-ResNet9-FixUp block 0 as one wgmma kernel, filters streamed, two CTAs an SM (fp16 NHWC, sm_90a)",
         py::arg("x"), py::arg("w1"), py::arg("w2"), py::arg("b1a"), py::arg("b1b"), py::arg("b2a"),
         py::arg("scale"), py::arg("b2b"), py::arg("fc1_w"), py::arg("fc1_b"), py::arg("fc2_w"), py::arg("fc2_b"),
-        py::arg("out") = py::none(), py::arg("phase_clk") = py::none());
+        py::arg("out") = py::none(), py::arg("phase_clk") = py::none(), py::arg("taps") = py::none());
+  m.def("pack_taps",
+        [](const torch::Tensor& w1, const torch::Tensor& w2) {
+          return pack_taps(w1.permute({0, 2, 3, 1}).contiguous(), w2.permute({0, 2, 3, 1}).contiguous());
+        },
+        "both convs' (64, 64, 3, 3) filters packed as forward_stream's ring reads them", py::arg("w1"), py::arg("w2"));
   m.def("stream_ctas_per_sm", &block0_stream_ctas_per_sm,
         "CTAs of the stream kernel one SM of the current GPU holds");
   m.attr("stream_smem_bytes") = block0_stream::kSmemBytes;

@@ -114,6 +114,7 @@ class Variants:
         self.fc = [t.detach().contiguous() for t in (fc1.weight, fc1.bias, fc2.weight, fc2.bias)]
         self.neg_b1a = -self.b1a
         self.next_b1a = torch.zeros(1, device=dev)             # block 1's fixup_bias1a in the model
+        self.taps = None                                       # the stream kernel's packed filters
 
     def fused(self, ext, x, out=None):
         return ext.forward(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
@@ -124,8 +125,10 @@ class Variants:
                                  *self.fc, out, desc_base_offset_mode, phase_clk)
 
     def fused_stream(self, ext, x, out=None, phase_clk=None):
+        if self.taps is None:  # packed once, as a model would at load time
+            self.taps = ext.pack_taps(self.w1, self.w2)
         return ext.forward_stream(x, self.w1, self.w2, self.b1a, self.b1b, self.b2a, self.scale, self.b2b,
-                                  *self.fc, out, phase_clk)
+                                  *self.fc, out, phase_clk, self.taps)
 
     def fusedresnet_path(self, xa, pooled: bool):
         """FusedResNet._fused_ops for block 0: the stem hands over xa = x + b1a; identity is
