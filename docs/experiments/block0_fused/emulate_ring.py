@@ -1,5 +1,6 @@
 """CPU check of block0_stream_kernel.cuh's filter ring: its mbarrier protocol under random
-interleavings of the two warpgroups, the producer (thread 0) and the bulk copies.
+interleavings of the two warpgroups, the producer (thread 0) and the bulk copies; and the
+host's packing of the filters into the taps the ring copies (check_packing).
 
     python docs/experiments/block0_fused/emulate_ring.py [--trials 2000]
 
@@ -135,6 +136,23 @@ class Sim:
         assert not self.copies, f"copies outstanding at the end: {self.copies}"
 
 
+def check_packing() -> None:
+    """block0_fused.cu's pack_taps, its torch ops mirrored: each weight (conv, tap, output
+    channel n, input channel ch) lands at the byte the resident kernels' weight_offset gives
+    within that tap's 8192-byte block (so a slot filled by one bulk copy holds what a
+    resident filter buffer holds for that tap)."""
+    import torch
+    w = torch.randn(2, 64, 64, 3, 3, generator=torch.Generator().manual_seed(0)).half()  # KCRS
+    n, j = torch.arange(64).unsqueeze(1), torch.arange(8).unsqueeze(0)
+    src_chunk = j ^ (n & 7)
+    krsc = [w[i].permute(0, 2, 3, 1).contiguous() for i in range(2)]
+    packed = torch.cat([k.reshape(64, 9, 8, 8).permute(1, 0, 2, 3)[:, n, src_chunk] for k in krsc]).reshape(-1)
+    conv, tap, out_ch, ch = torch.meshgrid(torch.arange(2), torch.arange(9), torch.arange(64), torch.arange(64),
+                                           indexing="ij")
+    byte = (conv * 9 + tap) * TAP_BYTES + out_ch * 128 + (((ch // 8) ^ (out_ch & 7)) << 4) + 2 * (ch % 8)
+    assert torch.equal(packed[byte // 2], w[conv, out_ch, ch, tap // 3, tap % 3]), "pack_taps misplaces a weight"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=2000)
@@ -142,6 +160,8 @@ def main() -> int:
     for trial in range(args.trials):
         rng = random.Random(f"ring {trial}")
         Sim(images=rng.randint(1, 4), rng=rng).run()
+    check_packing()
+    print("packing: every weight where the resident kernels' weight_offset puts it")
     print(f"ring protocol: {args.trials} random interleavings, 1-4 images each: every wgmma group read its own "
           f"tap, no copy overwrote a slot in use, no deadlock, no copy outstanding at the end")
     return 0
