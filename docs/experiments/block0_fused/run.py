@@ -351,9 +351,9 @@ def stream_part(ext, v: Variants, gen: torch.Generator, seed: int, hbm: float, s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(HERE / "results.json"))
-    ap.add_argument("--skip-timing", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(HERE / "results.json"), help="the results JSON (default: %(default)s)")
+    ap.add_argument("--skip-timing", action="store_true", help="the correctness checks only (no timing, no phases)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the block's weights and the inputs (default 0)")
     ap.add_argument("--wgmma-mode", type=int, choices=(0, 1), default=0,
                     help="the wgmma descriptors' base-offset field: 0 (the design's reading) or (start >> 7) & 7; "
                          "a process whose kernel faulted cannot run the other mode itself (the CUDA context is lost)")
