@@ -152,9 +152,14 @@ def run_giou_loss(c, device):
         return out.detach(), r1, r2
     ref = reference(b1.cpu(), b2.cpu(), torch.float64)
     own = reference(b1, b2, torch.float32)  # torchvision computes 16-bit boxes in float32
-    # The loss is float32: PyTorch's float32 run is the bound's yardstick.
+    return _compare_giou(loss, (g1, g2), ref, own, dtype)
+
+
+def _compare_giou(loss, grads, ref, own, dtype):
+    """A GIoU loss and its two box gradients against float64's (ref) and PyTorch's float32 run
+    (own: (loss, grad1, grad2)); the loss is float32, so PyTorch's float32 run is its yardstick."""
     fail = compare("loss", loss, ref[0], own[0], torch.float32, slack=4.0)
-    for name, got, want, theirs in (("grad_boxes1", g1, ref[1], own[1]), ("grad_boxes2", g2, ref[2], own[2])):
+    for name, got, want, theirs in zip(("grad_boxes1", "grad_boxes2"), grads, ref[1:], own[1:]):
         if fail:
             return fail
         if got is None:
@@ -206,17 +211,7 @@ def _giou_batched_check(loss, grads, b1, b2, valid, up, c, dtype):
         out = {"none": per, "sum": per.sum(), "mean": per.sum() / max(int(valid.sum()), 1)}[c["reduction"]]
         r1, r2 = torch.autograd.grad(out, (x1, x2), up.to(work), allow_unused=True)
         return out.detach(), r1, r2
-    ref = reference(b1, b2, torch.float64)
-    own = reference(b1, b2, torch.float32)
-    fail = compare("loss", loss, ref[0], own[0], torch.float32, slack=4.0)
-    for name, got, want, theirs in zip(("grad_boxes1", "grad_boxes2"), grads, ref[1:], own[1:]):
-        if fail:
-            return fail
-        if got is None:
-            fail = None if want is None or not want.numel() else f"{name}: no gradient"
-            continue
-        fail = compare(name, got, want, theirs.to(dtype), dtype, slack=4.0)
-    return fail
+    return _compare_giou(loss, grads, reference(b1, b2, torch.float64), reference(b1, b2, torch.float32), dtype)
 
 
 def run_giou_loss_padded(c, device):
