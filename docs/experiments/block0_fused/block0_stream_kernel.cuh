@@ -266,25 +266,18 @@ __global__ void __launch_bounds__(kThreads, 2) block0_stream_kernel(Params p) {
     // ---- 2. conv1 -> h1 = relu(acc + b1b) + b2a -> B ----
     conv3x3_ring(acc0, acc1, acc2, s_a, ring, t0, wg, producer, releaser);
     mark(1);
-    conv1_epilogue<0>(acc0, map_b, wg, wrow, ccol, b1b, b2a);
-    conv1_epilogue<1>(acc1, map_b, wg, wrow, ccol, b1b, b2a);
-    conv1_epilogue<2>(acc2, map_b, wg, wrow, ccol, b1b, b2a);
+    conv1_epilogues(acc0, acc1, acc2, map_b, wg, wrow, ccol, b1b, b2a);
     fence_proxy_async();
     __syncthreads();  // B complete; both warpgroups are done reading A
     mark(2);
 
     // ---- 3. prefetch the next image into A ----
-    if (img + (int)gridDim.x < p.n) {
-      load_map_async(s_a, p.x + (size_t)(img + gridDim.x) * kPix * kC);
-      cp_async_commit();
-    }
+    prefetch_next(s_a, p.x, img, p.n);
 
     // ---- 4. conv2 -> h = acc*scale + b2b (registers); SE column sums ----
     conv3x3_ring(acc0, acc1, acc2, s_b, ring, t0 + 9, wg, producer, releaser);
     mark(3);
-    conv2_epilogue<0>(acc0, sum, wg, wrow, ccol, lane, scale, b2b);
-    conv2_epilogue<1>(acc1, sum, wg, wrow, ccol, lane, scale, b2b);
-    conv2_epilogue<2>(acc2, sum, wg, wrow, ccol, lane, scale, b2b);
+    conv2_epilogues(acc0, acc1, acc2, sum, wg, wrow, ccol, lane, scale, b2b);
     __syncthreads();  // sums complete; both warpgroups are done reading B
     mark(4);
 
@@ -293,10 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2) block0_stream_kernel(Params p) {
     mark(5);
 
     // ---- 6. out = relu(h * g + x) -> B (x from global memory) ----
-    const __half* ximg = p.x + (size_t)img * kPix * kC;
-    output_epilogue<0>(acc0, map_b, gate, ximg, wg, wrow, ccol);
-    output_epilogue<1>(acc1, map_b, gate, ximg, wg, wrow, ccol);
-    output_epilogue<2>(acc2, map_b, gate, ximg, wg, wrow, ccol);
+    output_epilogues(acc0, acc1, acc2, map_b, gate, p.x + (size_t)img * kPix * kC, wg, wrow, ccol);
     __syncthreads();
     mark(6);
 

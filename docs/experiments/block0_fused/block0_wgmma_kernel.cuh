@@ -405,6 +405,36 @@ __device__ __forceinline__ void output_epilogue(const float (&a)[NR], unsigned c
   }
 }
 
+// The epilogues over this warpgroup's three tiles (acc0, acc1: 64 channels; acc2: its 32).
+__device__ __forceinline__ void conv1_epilogues(const float (&acc0)[32], const float (&acc1)[32],
+                                                const float (&acc2)[16], unsigned char* map_b, int wg, int wrow,
+                                                int ccol, float b1b, float b2a) {
+  conv1_epilogue<0>(acc0, map_b, wg, wrow, ccol, b1b, b2a);
+  conv1_epilogue<1>(acc1, map_b, wg, wrow, ccol, b1b, b2a);
+  conv1_epilogue<2>(acc2, map_b, wg, wrow, ccol, b1b, b2a);
+}
+__device__ __forceinline__ void conv2_epilogues(float (&acc0)[32], float (&acc1)[32], float (&acc2)[16], float* sum,
+                                                int wg, int wrow, int ccol, int lane, float scale, float b2b) {
+  conv2_epilogue<0>(acc0, sum, wg, wrow, ccol, lane, scale, b2b);
+  conv2_epilogue<1>(acc1, sum, wg, wrow, ccol, lane, scale, b2b);
+  conv2_epilogue<2>(acc2, sum, wg, wrow, ccol, lane, scale, b2b);
+}
+__device__ __forceinline__ void output_epilogues(const float (&acc0)[32], const float (&acc1)[32],
+                                                 const float (&acc2)[16], unsigned char* map_b, const float* gate,
+                                                 const __half* ximg, int wg, int wrow, int ccol) {
+  output_epilogue<0>(acc0, map_b, gate, ximg, wg, wrow, ccol);
+  output_epilogue<1>(acc1, map_b, gate, ximg, wg, wrow, ccol);
+  output_epilogue<2>(acc2, map_b, gate, ximg, wg, wrow, ccol);
+}
+
+// The CTA's next image (img + gridDim.x), if any, into map A (cp.async, one commit group).
+__device__ __forceinline__ void prefetch_next(uint32_t map_a, const __half* x, int img, int n) {
+  if (img + (int)gridDim.x < n) {
+    load_map_async(map_a, x + (size_t)(img + gridDim.x) * kPix * kC);
+    cp_async_commit();
+  }
+}
+
 // SE excite from the column sums: gate[c] = sigmoid(fc2(relu(fc1(sum / 256)))); 4 warps the
 // fc1 rows, a barrier, 64 threads fc2, a barrier.
 __device__ __forceinline__ void excite(const float* fc1_w, const float* fc1_b, const float* fc2_w,
@@ -496,25 +526,18 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     // ---- 2. conv1 -> h1 = relu(acc + b1b) + b2a -> B ----
     conv3x3(acc0, acc1, acc2, s_a, s_w1, wg, mode);
     mark(1);
-    conv1_epilogue<0>(acc0, map_b, wg, wrow, ccol, b1b, b2a);
-    conv1_epilogue<1>(acc1, map_b, wg, wrow, ccol, b1b, b2a);
-    conv1_epilogue<2>(acc2, map_b, wg, wrow, ccol, b1b, b2a);
+    conv1_epilogues(acc0, acc1, acc2, map_b, wg, wrow, ccol, b1b, b2a);
     fence_proxy_async();
     __syncthreads();  // B complete; both warpgroups are done reading A
     mark(2);
 
     // ---- 3. prefetch the next image into A ----
-    if (img + (int)gridDim.x < p.n) {
-      load_map_async(s_a, p.x + (size_t)(img + gridDim.x) * kPix * kC);
-      cp_async_commit();
-    }
+    prefetch_next(s_a, p.x, img, p.n);
 
     // ---- 4. conv2 -> h = acc*scale + b2b (registers); SE column sums ----
     conv3x3(acc0, acc1, acc2, s_b, s_w2, wg, mode);
     mark(3);
-    conv2_epilogue<0>(acc0, sum, wg, wrow, ccol, lane, scale, b2b);
-    conv2_epilogue<1>(acc1, sum, wg, wrow, ccol, lane, scale, b2b);
-    conv2_epilogue<2>(acc2, sum, wg, wrow, ccol, lane, scale, b2b);
+    conv2_epilogues(acc0, acc1, acc2, sum, wg, wrow, ccol, lane, scale, b2b);
     __syncthreads();  // sums complete; both warpgroups are done reading B
     mark(4);
 
@@ -523,10 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1) block0_wgmma_kernel(Params p) {
     mark(5);
 
     // ---- 6. out = relu(h * g + x) -> B (x from global memory) ----
-    const __half* ximg = p.x + (size_t)img * kPix * kC;
-    output_epilogue<0>(acc0, map_b, gate, ximg, wg, wrow, ccol);
-    output_epilogue<1>(acc1, map_b, gate, ximg, wg, wrow, ccol);
-    output_epilogue<2>(acc2, map_b, gate, ximg, wg, wrow, ccol);
+    output_epilogues(acc0, acc1, acc2, map_b, gate, p.x + (size_t)img * kPix * kC, wg, wrow, ccol);
     __syncthreads();
     mark(6);
 
