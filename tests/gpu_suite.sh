@@ -57,9 +57,13 @@ fi
 [ -n "${SKIP_IDS:-}" ] && SHARD_ARGS+=(--skip-ids "$(cd "$(dirname "$SKIP_IDS")" && pwd)/$(basename "$SKIP_IDS")")
 # TIME_LIMIT: SIGINT (pytest stops its workers and writes its summary), SIGKILL 30 s later
 LIMIT_CMD=(); [ -n "${TIME_LIMIT:-}" ] && LIMIT_CMD=(timeout -s INT -k 30 "$TIME_LIMIT")
-SCHED_ARGS=()  # (pytest-xdist 3.3 and later)
-(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider --help 2>/dev/null) | grep -q -- --maxschedchunk \
-  && SCHED_ARGS=(--maxschedchunk 2)
+# (pytest-xdist 3.3 and later.)  The help is read whole before grep looks at it: under pipefail,
+# `pytest --help | grep -q` fails whenever grep exits before pytest has written everything (pytest
+# then dies of a broken pipe), and the option was silently left out.
+SCHED_ARGS=()
+pytest_help=$(cd /tmp && "$PYTHON" -P -m pytest -p no:cacheprovider --help 2>/dev/null)
+grep -q -- --maxschedchunk <<< "$pytest_help" && SCHED_ARGS=(--maxschedchunk 2)
+echo "gpu_suite: scheduling ${SCHED_ARGS[*]:-"xdist's default (this xdist has no --maxschedchunk: the long tests may share one worker)"}"
 TIMEOUT_ARGS=()
 if (cd /tmp && "$PYTHON" -P -c "import pytest_timeout" 2>/dev/null); then
   TIMEOUT_ARGS=(--timeout "${TEST_TIMEOUT:-300}" --timeout-method thread)

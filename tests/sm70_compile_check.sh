@@ -18,7 +18,7 @@ PYTHON=${PYTHON:-python3}
 NVCC=${SM70_NVCC:-/usr/bin/nvcc}
 
 have_toolchain() {
-  [ -x "$NVCC" ] && "$NVCC" --version | grep -q 'release 11\.8' && command -v g++-11 >/dev/null
+  [ -x "$NVCC" ] && grep -q 'release 11\.8' <<< "$("$NVCC" --version)" && command -v g++-11 >/dev/null
 }
 
 installed_by_us=
@@ -31,7 +31,7 @@ if ! have_toolchain; then
   # The toolkit is in non-free; add the components in a file of our own rather than
   # editing the distribution's sources.
   src=/etc/apt/sources.list.d/debian-nonfree.sources
-  if ! apt-cache policy nvidia-cuda-toolkit 2>/dev/null | grep -q 'Candidate: 11\.8'; then
+  if ! grep -q 'Candidate: 11\.8' <<< "$(apt-cache policy nvidia-cuda-toolkit 2>/dev/null)"; then
     printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
       'Suites: bookworm bookworm-updates' 'Components: contrib non-free non-free-firmware' \
       'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' > "$src"

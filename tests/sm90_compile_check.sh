@@ -78,7 +78,7 @@ compile() {  # one instance: writes $OUT/$name.result (first line ok/FAIL) and $
     smem=$(grep -o "with int N = [0-9]*" "$OUT/$name.log" | head -1 | grep -o "[0-9][0-9]*$" || true)
     if grep -q "C75[0-9][0-9]" "$OUT/$name.log"; then
       echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): ptxas $(grep -o 'C75[0-9][0-9]' "$OUT/$name.log" | head -1)"
-    elif echo "$usage" | grep -q -E "(^|,)[1-9][0-9]* bytes spill stores"; then
+    elif grep -q -E "(^|,)[1-9][0-9]* bytes spill stores" <<< "$usage"; then
       echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): spills"
     elif [[ $ns == conv2d_fused && ! $name =~ _coop_|_pp_ ]] && fewer_ctas_by_registers "$usage" "$smem"; then
       echo "FAIL $name ($((SECONDS - start)) s; $usage; smem $smem B): its registers leave fewer CTAs per SM than its shared memory does"
@@ -104,7 +104,7 @@ wait
 passed=0 failed=0
 for cu in ${cus[@]+"${cus[@]}"}; do
   cat "$OUT/$(basename "$cu" .cu).result"   # a failure's first errors are the useful ones
-  if head -n 1 "$OUT/$(basename "$cu" .cu).result" | grep -q "^ok"; then
+  if grep -q "^ok" <<< "$(head -n 1 "$OUT/$(basename "$cu" .cu).result")"; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
@@ -120,7 +120,7 @@ if [ -z "$ONLY" ] || [[ $(basename "$halo") =~ $ONLY ]]; then
        -c "$halo" -o "$OUT/halo.o" > "$OUT/halo.log" 2>&1; then
     usage=$(grep -A3 "Compiling entry function '.*halo_conv_kernel" "$OUT/halo.log" |
             grep -E -o "[0-9]+ bytes spill stores|Used [0-9]+ registers" | paste -sd, - || true)
-    if grep -q "C75[0-9][0-9]" "$OUT/halo.log" || echo "$usage" | grep -q -E "(^|,)[1-9][0-9]* bytes spill stores"; then
+    if grep -q "C75[0-9][0-9]" "$OUT/halo.log" || grep -q -E "(^|,)[1-9][0-9]* bytes spill stores" <<< "$usage"; then
       echo "FAIL conv2d_fused_sm90_halo ($((SECONDS - start)) s; $usage): spills or ptxas $(grep -o 'C75[0-9][0-9]' "$OUT/halo.log" | head -1)"
       failed=$((failed + 1))
     else

@@ -167,3 +167,17 @@ def test_skip_ids_leaves_out_the_listed_tests(tmp_path):
     assert _collected("--skip-ids", str(ids), cwd=tmp_path)[0] == everything - set(listed)
     _, bad = _collected("--skip-ids", str(tmp_path / "missing.txt"))
     assert bad.returncode == 4 and "--skip-ids" in bad.stdout, bad.stdout[-2000:]
+
+
+def test_scripts_never_pipe_a_command_into_grep_q():
+    """Under `set -o pipefail`, `cmd | grep -q pattern` fails whenever grep finds the pattern and
+    exits before cmd has written everything (cmd dies of a broken pipe): the test reads false where
+    the pattern is there.  That kept gpu_suite.sh from passing --maxschedchunk to xdist, which put
+    every long test on one worker.  The scripts feed grep -q a here-string or a file instead."""
+    scripts = sorted((Path(ROOT) / "tests").glob("*.sh")) + [Path(ROOT) / ".ci" / "run"]
+    piped = re.compile(r"(?<!\|)\|(?!\|)\s*grep\s+(-[A-Za-z]*q|--quiet)")  # a pipe, not ||
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+             for p in scripts for n, line in enumerate(p.read_text().splitlines(), 1)
+             if piped.search(line) and not line.lstrip().startswith("#")]
+    assert len(scripts) > 5
+    assert not found, "\n".join(found)
