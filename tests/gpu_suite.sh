@@ -74,7 +74,7 @@ fi
 # stderr reaches no log under xdist)
 export CUTLASS_OPS_TEST_STACKS="$OUT/stacks" CUTLASS_OPS_TEST_STACKS_AFTER=$(( ${TEST_TIMEOUT:-300} > 60 ? ${TEST_TIMEOUT:-300} - 30 : 30 ))
 rm -rf "$CUTLASS_OPS_TEST_STACKS"; mkdir -p "$CUTLASS_OPS_TEST_STACKS"
-(cd /tmp && "${LIMIT_CMD[@]}" "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs --durations 30 -n "$WORKERS" --dist load \
+(cd /tmp && "${LIMIT_CMD[@]}" "$PYTHON" -P -m pytest -p no:cacheprovider -p no:benchmark -v -rfEs --durations 0 -n "$WORKERS" --dist load \
   "${SCHED_ARGS[@]}" "${TIMEOUT_ARGS[@]}" "${SHARD_ARGS[@]}" "$@") \
   > "$OUT/gpu_suite.log" 2>&1
 rc=$?
@@ -96,7 +96,13 @@ echo "skip reasons (count, reason):"
 grep -E "^SKIPPED \[" "$OUT/gpu_suite.log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]+: /\1 /' \
   | awk '{n=$1; $1=""; c[$0]+=n} END {for (r in c) printf "%7d %s\n", c[r], r}' | sort -rn | head -30
 tail -1 "$OUT/gpu_suite.log"
-sed -n '/slowest 30 durations/,/^$/p' "$OUT/gpu_suite.log" | head -32  # where the sitting's time went
+# where the sitting's time went: the slowest tests, and the worker-seconds of each file (every
+# test's setup, call and teardown; --durations 0 lists them all in the log)
+sed -n '/slowest.*durations/,/^$/p' "$OUT/gpu_suite.log" | head -22
+echo "worker-seconds by file (the top 12):"
+sed -n '/slowest.*durations/,/short test summary/p' "$OUT/gpu_suite.log" \
+  | awk '$1 ~ /^[0-9.]+s$/ {split($3, a, "::"); t[a[1]] += $1 + 0; all += $1 + 0}
+         END {for (f in t) printf "%8.0f %s\n", t[f], f; printf "%8.0f (all files)\n", all}' | sort -rn | head -13
 for f in "$CUTLASS_OPS_TEST_STACKS"/*.txt; do  # hung tests' stacks and slow fuzz cases
   [ -e "$f" ] || continue
   case "$f" in
