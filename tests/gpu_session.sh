@@ -126,8 +126,10 @@ for step in ${STEPS:-}; do
       grep -E "passed|failed|^FAILED|RMS" "$OUT/grads.txt" | tail -20
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     block0)  # docs/experiments/block0_fused/run.py: block 0 as one kernel (mma.sync, wgmma) against FusedResNet's three
+      # gpu_carry/block0_fused_ext.so: compiled beforehand (run.py --build-only), not here
+      ext_args=(); [ -f gpu_carry/block0_fused_ext.so ] && ext_args=(--ext gpu_carry/block0_fused_ext.so)
       timeout "$limit" "$PYTHON" docs/experiments/block0_fused/run.py --out "$OUT/block0_results.json" \
-        > "$OUT/block0.log" 2>&1
+        ${ext_args[@]+"${ext_args[@]}"} > "$OUT/block0.log" 2>&1
       echo "block0 run.py: rc $?"; tail -60 "$OUT/block0.log"
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-tests)  # the family-90 kernels against float64 (forced one by one)

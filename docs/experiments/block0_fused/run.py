@@ -5,7 +5,8 @@
 Three kernels: the mma.sync one (`forward`, block0_fused_kernel.cuh), the wgmma one
 (`forward_wgmma`, block0_wgmma_kernel.cuh) and the wgmma one with its filters streamed, two
 CTAs an SM (`forward_stream`, block0_stream_kernel.cuh), which runs last (step 5).
-1. Builds block0_fused.cu as a torch extension (build directory under /tmp).
+1. Builds block0_fused.cu as a torch extension (build directory under /tmp), or imports the one
+   --build-only compiled beforehand (--ext).
 2. Correctness, N = 1, 3, 127, 128, 2048: a SEFixupBasicBlock(64, 64) from cutlass_ops.models
    with random weights, non-zero FixUp scalars and SE weights (a seeded torch.Generator) is
    the reference, run in float64 on the GPU.  Each fused kernel writes into a NaN-poisoned
@@ -43,16 +44,41 @@ FLOP_PEAK = 0.99e15                                  # dense fp16 tensor cores, 
 HBM = {"H200": 4.8e12, "H100": 3.35e12}              # bytes/s; other GPUs: the H100 figure
 
 
-def build_extension():
+EXT_NAME = "block0_fused_ext"
+
+
+def build_extension(build_dir: Path = Path("/tmp/block0_fused_build"), sm90a: bool | None = None):
+    """Compiles block0_fused.cu as a torch extension into build_dir and imports it; for sm_90a
+    where the GPU is an sm_90 one (sm90a=None) or when asked (--build-only, on a machine without
+    a GPU)."""
     from torch.utils.cpp_extension import load
-    build_dir = Path("/tmp/block0_fused_build")
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-std=c++17"]
-    if torch.cuda.get_device_capability() == (9, 0):
+    if sm90a or (sm90a is None and torch.cuda.get_device_capability() == (9, 0)):
         flags.append("-gencode=arch=compute_90a,code=sm_90a")
-    return load(name="block0_fused_ext", sources=[str(HERE / "block0_fused.cu")],
-                extra_include_paths=[str(HERE)], extra_cuda_cflags=flags,
+    includes = [str(HERE)]
+    from torch.utils.cpp_extension import CUDA_HOME
+    if not (Path(CUDA_HOME or "/usr/local/cuda") / "include" / "cusparse.h").exists():
+        # a toolkit without the CUDA libraries' headers that torch's include (cusparse.h, ...): those
+        # of the NVIDIA wheels torch depends on
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        for root in (spec.submodule_search_locations if spec else []):
+            includes += sorted(str(p) for p in Path(root).glob("*/include") if p.is_dir())
+    return load(name=EXT_NAME, sources=[str(HERE / "block0_fused.cu")],
+                extra_include_paths=includes, extra_cuda_cflags=flags,
                 build_directory=str(build_dir), verbose=False)
+
+
+def import_extension(path: Path):
+    """The extension as --build-only left it (built against this same torch), without compiling."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.ExtensionFileLoader(EXT_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(EXT_NAME, str(path), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def reference_block_class():
@@ -359,13 +385,24 @@ def main() -> int:
                          "a process whose kernel faulted cannot run the other mode itself (the CUDA context is lost)")
     ap.add_argument("--skip-stream", action="store_true",
                     help="leave out the stream kernel (block0_stream_kernel.cuh), which runs last")
+    ap.add_argument("--build-only", metavar="DIR", type=Path,
+                    help="compile the extension for sm_90a into DIR (no GPU needed: e.g. before a GPU "
+                         "session, to save its minutes) and exit; DIR/%s.so is what --ext takes" % EXT_NAME)
+    ap.add_argument("--ext", metavar="SO", type=Path,
+                    help="import this prebuilt extension (--build-only's, the same torch) instead of compiling")
     args = ap.parse_args()
+    if args.build_only:
+        import os
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # what torch picks on an H100/H200
+        build_extension(args.build_only, sm90a=True)
+        print(f"built {args.build_only / (EXT_NAME + '.so')}")
+        return 0
     if not torch.cuda.is_available():
         print("block0_fused: needs a CUDA GPU (sm_90: the kernels take 215600 and 231456 bytes of shared memory)")
         return 2
     name = torch.cuda.get_device_name()
     hbm = next((bw for key, bw in HBM.items() if key in name), HBM["H100"])
-    ext = build_extension()
+    ext = import_extension(args.ext) if args.ext else build_extension()
     gen = torch.Generator().manual_seed(args.seed)
     v = Variants(make_block(gen))
     print(f"{name}: torch {torch.__version__}, CUDA {torch.version.cuda}, smem {ext.smem_bytes} B/CTA "
