@@ -11,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 ARCHS=${ARCHS:-90}
-export PATH="/usr/local/cuda/bin:$(dirname "$PYTHON"):$PATH" CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+# the venv's own tools (cmake, ninja) where PYTHON names a venv's python
+case $PYTHON in */*) PATH="$(dirname "$PYTHON"):$PATH" ;; esac
+export PATH="/usr/local/cuda/bin:$PATH" CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 mkdir -p gpu_carry
 rm -f gpu_carry/cutlass_ops-*.whl gpu_carry/block0_fused_ext.so
 start=$SECONDS

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -392,7 +393,6 @@ def main() -> int:
                     help="import this prebuilt extension (--build-only's, the same torch) instead of compiling")
     args = ap.parse_args()
     if args.build_only:
-        import os
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # what torch picks on an H100/H200
         build_extension(args.build_only, sm90a=True)
         print(f"built {args.build_only / (EXT_NAME + '.so')}")
