@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import statistics
@@ -62,7 +63,6 @@ def build_extension(build_dir: Path = Path("/tmp/block0_fused_build"), sm90a: bo
     if not (Path(CUDA_HOME or "/usr/local/cuda") / "include" / "cusparse.h").exists():
         # a toolkit without the CUDA libraries' headers that torch's include (cusparse.h, ...): those
         # of the NVIDIA wheels torch depends on
-        import importlib.util
         spec = importlib.util.find_spec("nvidia")
         for root in (spec.submodule_search_locations if spec else []):
             includes += sorted(str(p) for p in Path(root).glob("*/include") if p.is_dir())
@@ -73,12 +73,9 @@ def build_extension(build_dir: Path = Path("/tmp/block0_fused_build"), sm90a: bo
 
 def import_extension(path: Path):
     """The extension as --build-only left it (built against this same torch), without compiling."""
-    import importlib.machinery
-    import importlib.util
-    loader = importlib.machinery.ExtensionFileLoader(EXT_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(EXT_NAME, str(path), loader=loader)
+    spec = importlib.util.spec_from_file_location(EXT_NAME, str(path))  # .so: an extension module's loader
     module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    spec.loader.exec_module(module)
     return module
 
 
