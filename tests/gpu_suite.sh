@@ -103,6 +103,17 @@ echo "worker-seconds by file (the top 12):"
 sed -n '/slowest.*durations/,/short test summary/p' "$OUT/gpu_suite.log" \
   | awk '$1 ~ /^[0-9.]+s$/ {split($3, a, "::"); t[a[1]] += $1 + 0; all += $1 + 0}
          END {for (f in t) printf "%8.0f %s\n", t[f], f; printf "%8.0f (all files)\n", all}' | sort -rn | head -13
+# the tests during which an op fell back on CUDA (conftest.py's fallbacks_<pid>.txt): an unmarked
+# one fails in strict mode (STRICT=1), unless it turns strict mode off itself (test_paths.py does)
+cat "$CUTLASS_OPS_TEST_STACKS"/fallbacks_*.txt 2>/dev/null | sort > "$OUT/fallbacks.txt"
+if [ -s "$OUT/fallbacks.txt" ]; then
+  echo "tests that fell back on CUDA: $(wc -l < "$OUT/fallbacks.txt"), $(grep -c $'\tunmarked\t' "$OUT/fallbacks.txt") not marked fallback ($OUT/fallbacks.txt); unmarked, by file:"
+  awk -F'\t' '$2 == "unmarked" {split($1, a, "::"); n[a[1]]++} END {for (f in n) printf "%7d %s\n", n[f], f}' \
+    "$OUT/fallbacks.txt" | sort -rn | head -15
+  echo "unmarked, by op and reason (tests):"
+  awk -F'\t' '$2 == "unmarked" {k = split($3, r, "; "); for (i = 1; i <= k; i++) {sub(/ x[0-9]+$/, "", r[i]); c[r[i]]++}}
+               END {for (x in c) printf "%7d %s\n", c[x], x}' "$OUT/fallbacks.txt" | sort -rn | head -15
+fi
 for f in "$CUTLASS_OPS_TEST_STACKS"/*.txt; do  # hung tests' stacks and slow fuzz cases
   [ -e "$f" ] || continue
   case "$f" in

@@ -25,6 +25,10 @@ appends to ``<folder>/tests_<pid>.txt`` the id of every test it starts and, for 
 running after ``CUTLASS_OPS_TEST_STACKS_AFTER`` seconds (240), every thread's Python stack
 (faulthandler: it works while the main thread waits inside a CUDA call).  Under pytest-xdist a
 worker's stderr reaches no log, so the file is where a hung test shows what it waits on.
+Each process also appends to ``<folder>/fallbacks_<pid>.txt`` one line for every test during
+whose call an op fell back on CUDA (``paths.fallback_counts()`` before and after): the test's
+id, whether it is marked ``fallback``, and each (op, reason) with its count.  An unmarked test
+listed there fails in strict mode, so one ordinary GPU run shows what a strict one would meet.
 
 ``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
 decides), for GPU suites split over several sittings (tests/gpu_suite.sh's SHARD).
@@ -184,6 +188,7 @@ def pytest_runtest_call(item):
         yield
         return
     after = float(os.environ.get("CUTLASS_OPS_TEST_STACKS_AFTER", "240"))
+    before = _fallback_counts()
     with open(os.path.join(folder, f"tests_{os.getpid()}.txt"), "a") as f:
         f.write(f"== {node_id(item)}\n")
         f.flush()
@@ -192,6 +197,21 @@ def pytest_runtest_call(item):
             yield
         finally:
             faulthandler.cancel_dump_traceback_later()
+    # (a count below its earlier value: the test cleared the counts, paths.reset(), and all of it is new)
+    new = {k: n - before.get(k, 0) if n >= before.get(k, 0) else n
+           for k, n in _fallback_counts().items() if n != before.get(k, 0)}
+    if new:
+        marked = "marked" if item.get_closest_marker("fallback") is not None else "unmarked"
+        what = "; ".join(f"{op}: {reason} x{n}" for (op, reason), n in sorted(new.items()))
+        with open(os.path.join(folder, f"fallbacks_{os.getpid()}.txt"), "a") as f:
+            f.write(f"{node_id(item)}\t{marked}\t{what}\n")
+
+
+def _fallback_counts() -> dict:
+    """cutlass_ops.paths.fallback_counts() where the test process has imported cutlass_ops, else
+    {} (nothing can have fallen back)."""
+    paths = sys.modules.get("cutlass_ops.paths")
+    return paths.fallback_counts() if paths is not None else {}
 
 
 @pytest.fixture(autouse=True)
