@@ -4,7 +4,8 @@
 # (every kernel; about 25 minutes on 2 cores) and block 0's experiment extension for sm_90a
 # (docs/experiments/block0_fused/run.py --build-only; about 2 minutes).  Needs nvcc and a Python
 # with the torch the GPU machine runs (2.11.0+cu130), scikit-build-core, cmake, ninja and
-# nvidia-cutlass.
+# nvidia-cutlass.  The wheel is for any Python 3 (the stable ABI); the extension only for this
+# Python's version (the GPU machine runs 3.12: built under another, run.py compiles it there).
 #   PYTHON=/tmp/venv/bin/python bash tests/gpu_prebuild.sh          # arch 90 (H100/H200)
 #   ARCHS=90 PYTHON=... bash tests/gpu_prebuild.sh 2>&1 | tail -3
 set -euo pipefail

@@ -37,6 +37,7 @@ SELECTION=tests/python/test_sanitize_selection.py
 SANITIZER_RC=86   # compute-sanitizer's exit status when it reported an error
 MIN_TESTS=45      # passed tests a plain pass needs (every tool, initcheck's two passes)
 MIN_GRAPH_TESTS=1 # passed tests a graph pass needs (test_cvt_ops_graph runs in every one)
+PADDING=${CUTLASS_OPS_SANITIZE_PADDING:-1024}  # memcheck's --padding, bytes after each allocation
 mkdir -p "$DEST"
 SUMMARY="$DEST/sanitize_summary.txt"
 status=0
@@ -64,7 +65,10 @@ sanitize() {
   local tool=$1 log=$2 extra=()
   shift 2
   case "$tool" in
-    memcheck) extra=(--leak-check no) ;;
+    # --padding: a gap after every allocation, so that a write just past one tensor's end is
+    # out of bounds, not a silent write into the tensor allocated next to it (without it the
+    # oob control, one element past a 1 KiB cudaMalloc, went unreported on an H100)
+    memcheck) extra=(--leak-check no --padding "$PADDING") ;;
     racecheck) extra=(--racecheck-report analysis) ;;
     initcheck | synccheck) ;;
     *) echo "unknown tool $tool" >&2; exit 2 ;;

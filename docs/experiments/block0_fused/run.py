@@ -387,7 +387,8 @@ def main() -> int:
                     help="compile the extension for sm_90a into DIR (no GPU needed: e.g. before a GPU "
                          "session, to save its minutes) and exit; DIR/%s.so is what --ext takes" % EXT_NAME)
     ap.add_argument("--ext", metavar="SO", type=Path,
-                    help="import this prebuilt extension (--build-only's, the same torch) instead of compiling")
+                    help="import this prebuilt extension (--build-only's, the same torch and Python) instead of "
+                         "compiling; one that does not import (another Python version) is compiled here after all")
     args = ap.parse_args()
     if args.build_only:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")  # what torch picks on an H100/H200
@@ -399,7 +400,14 @@ def main() -> int:
         return 2
     name = torch.cuda.get_device_name()
     hbm = next((bw for key, bw in HBM.items() if key in name), HBM["H100"])
-    ext = import_extension(args.ext) if args.ext else build_extension()
+    ext = None
+    if args.ext:
+        try:
+            ext = import_extension(args.ext)
+        except ImportError as e:  # e.g. built under another Python version: compile it here instead
+            print(f"--ext {args.ext} does not import ({e}); building the extension here")
+    if ext is None:
+        ext = build_extension()
     gen = torch.Generator().manual_seed(args.seed)
     v = Variants(make_block(gen))
     print(f"{name}: torch {torch.__version__}, CUDA {torch.version.cuda}, smem {ext.smem_bytes} B/CTA "
