@@ -7,6 +7,20 @@ import cutlass_ops
 from _seeds import seeded  # noqa: F401  (the tests' way to build modules under a fixed seed)
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
+
+
+def fallback(*values, **kwargs):
+    """A parameter that means the ATen fallback on CUDA (a dtype or shape no kernel takes): marked
+    ``fallback``, so that its cases run outside strict mode (conftest.py) while the others stay
+    strict.  Several values for a parametrize of several names; the test id is the one the bare
+    values would get."""
+    return pytest.param(*values, marks=pytest.mark.fallback, **kwargs)
+
+
+def fallback_where(values, means_fallback):
+    """``values`` as parameters, those for which ``means_fallback(value)`` holds marked with
+    ``fallback`` (above)."""
+    return [fallback(v) if means_fallback(v) else v for v in values]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not HAS_CUDA, reason="no CUDA device (or a CPU-only build)"))]
 

@@ -79,6 +79,7 @@ def test_fused_cuda_matches_float64(shape, dtype, rng):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
 @pytest.mark.parametrize("case", ["no_instance", "relu1_off", "channels_not_8", "float32"])
+@pytest.mark.fallback  # it means the fallback
 def test_cuda_fallback_is_right(case, rng):
     dtype = torch.float32 if case == "float32" else torch.float16
     c, k0 = (12, 64) if case == "channels_not_8" else (32, 48 if case == "no_instance" else 64)

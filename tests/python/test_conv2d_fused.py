@@ -145,6 +145,7 @@ def test_split_k_is_used_and_exact_enough(dtype, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.fallback  # it means the ATen path
 def test_float32_and_float64_take_the_aten_path(device, rng):
     # cuDNN would use TF32 for float32 by default (torch's global setting, which the
     # fallback honours); turn it off to check the composite's exact math.

@@ -493,6 +493,7 @@ def test_fused_cvt_cuda_autocast(dtype):
 
 
 @cuda_only
+@pytest.mark.fallback  # float64 on CUDA: the ATen paths
 def test_fused_cvt_cuda_float64_matches_cpu():
     ref = reference().eval()
     x = _input(3, 96, 112)

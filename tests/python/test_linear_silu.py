@@ -107,6 +107,7 @@ def test_each_kernel_vs_float64(dtype, lead, k, n, monkeypatch):
 
 
 @sm90_only
+@pytest.mark.fallback  # it means the fallback
 def test_fallbacks_on_gpu():
     """No kernel applies (x misaligned by one element, K not a multiple of 8): ATen's path,
     the same numbers within the dtype's bound; a misaligned bias: the kernel on an aligned copy."""
