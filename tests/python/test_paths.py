@@ -128,17 +128,18 @@ def test_strict_nests_and_restores():
 
 def test_strict_is_per_thread():
     seen = []
+    default = paths._default[0]  # the threads' default here (the module's fallback marker turns it off)
     with paths.strict():
         t = threading.Thread(target=lambda: seen.append(paths.is_strict()))
         t.start()
         t.join()
-    assert seen == [paths._STRICT_DEFAULT]
-    with paths.strict(not paths._STRICT_DEFAULT, all_threads=True):
+    assert seen == [default]
+    with paths.strict(not default, all_threads=True):
         t = threading.Thread(target=lambda: seen.append(paths.is_strict()))
         t.start()
         t.join()
         assert not paths.is_strict()  # this thread's own strict(False) (the fixture's) still rules here
-    assert seen[1] is (not paths._STRICT_DEFAULT) and paths._default[0] is paths._STRICT_DEFAULT
+    assert seen[1] is (not default) and paths._default[0] is default
 
 
 @pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("off", False),
