@@ -118,7 +118,10 @@ for f in "$CUTLASS_OPS_TEST_STACKS"/*.txt; do  # hung tests' stacks and slow fuz
   [ -e "$f" ] || continue
   case "$f" in
     */slow_fuzz_cases_*) echo "== $f"; cat "$f" ;;
-    *) grep -q "^Thread 0x\|^Current thread 0x" "$f" && { echo "== stacks in $f (the last tests it started, then the dump):"; tail -80 "$f"; } ;;
+    *) grep -q "^Thread 0x\|^Current thread 0x" "$f" && {
+         echo "== $(basename "$f"): a test ran past ${CUTLASS_OPS_TEST_STACKS_AFTER} s: $(grep '^== ' "$f" | tail -1 | cut -c4-)"
+         echo "   the dump's frames in this repository, by count (every thread's whole stack: stacks/ in \$OUT):"
+         grep -E 'File "[^"]*(tests/python|cutlass_ops)/' "$f" | sed 's/^ *//' | sort | uniq -c | sort -rn | head -12; } ;;
   esac
 done
 if grep -qE "^SKIPPED .*no CUDA device" "$OUT/gpu_suite.log"; then
@@ -128,4 +131,6 @@ if [ -n "${BUILD_DIR:-}" ]; then
   ctest --test-dir "$BUILD_DIR" --output-on-failure > "$OUT/ctest.log" 2>&1 || rc=1
   tail -3 "$OUT/ctest.log"
 fi
+# the verdict last, where a caller's tail sees it
+echo "gpu_suite: $(tail -1 "$OUT/gpu_suite.log" | tr -d '=' | sed 's/^ *//; s/ *$//') | strict mode ${STRICT:-0} | rc $rc"
 exit $rc
