@@ -8,6 +8,9 @@ from _seeds import seeded  # noqa: F401  (the tests' way to build modules under 
 
 HAS_CUDA = torch.cuda.is_available() and cutlass_ops.cuda_kernels_built()
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device (or a CPU-only build)"))]
+
 
 def fallback(*values, **kwargs):
     """A parameter that means the ATen fallback on CUDA (a dtype or shape no kernel takes): marked
@@ -21,8 +24,7 @@ def fallback_where(values, means_fallback):
     """``values`` as parameters, those for which ``means_fallback(value)`` holds marked with
     ``fallback`` (above)."""
     return [fallback(v) if means_fallback(v) else v for v in values]
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not HAS_CUDA, reason="no CUDA device (or a CPU-only build)"))]
+
 
 # ||out - ref|| / ||ref|| bounds and max-error bounds (relative to max |ref|) per dtype.
 TOLERANCE = {torch.float16: (1e-3, 4e-3), torch.bfloat16: (8e-3, 3e-2),
