@@ -111,7 +111,7 @@ if [ -s "$OUT/fallbacks.txt" ]; then
   awk -F'\t' '$2 == "unmarked" {split($1, a, "::"); n[a[1]]++} END {for (f in n) printf "%7d %s\n", n[f], f}' \
     "$OUT/fallbacks.txt" | sort -rn | head -15
   echo "unmarked, by op and reason (tests):"
-  awk -F'\t' '$2 == "unmarked" {k = split($3, r, "; "); for (i = 1; i <= k; i++) {sub(/ x[0-9]+$/, "", r[i]); c[r[i]]++}}
+  awk -F'\t' '$2 == "unmarked" {k = split($3, r, " [|] "); for (i = 1; i <= k; i++) {sub(/ x[0-9]+$/, "", r[i]); c[r[i]]++}}
                END {for (x in c) printf "%7d %s\n", c[x], x}' "$OUT/fallbacks.txt" | sort -rn | head -15
 fi
 for f in "$CUTLASS_OPS_TEST_STACKS"/*.txt; do  # hung tests' stacks and slow fuzz cases

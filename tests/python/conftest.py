@@ -27,7 +27,7 @@ running after ``CUTLASS_OPS_TEST_STACKS_AFTER`` seconds (240), every thread's Py
 worker's stderr reaches no log, so the file is where a hung test shows what it waits on.
 Each process also appends to ``<folder>/fallbacks_<pid>.txt`` one line for every test during
 whose call an op fell back on CUDA (``paths.fallback_counts()`` before and after): the test's
-id, whether it is marked ``fallback``, and each (op, reason) with its count.  An unmarked test
+id, whether it is marked ``fallback``, and each (op, reason) with its count, " | " between them.  An unmarked test
 listed there fails in strict mode, so one ordinary GPU run shows what a strict one would meet.
 
 ``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
@@ -202,7 +202,7 @@ def pytest_runtest_call(item):
            for k, n in _fallback_counts().items() if n != before.get(k, 0)}
     if new:
         marked = "marked" if item.get_closest_marker("fallback") is not None else "unmarked"
-        what = "; ".join(f"{op}: {reason} x{n}" for (op, reason), n in sorted(new.items()))
+        what = " | ".join(f"{op}: {reason} x{n}" for (op, reason), n in sorted(new.items()))  # reasons hold "; "
         with open(os.path.join(folder, f"fallbacks_{os.getpid()}.txt"), "a") as f:
             f.write(f"{node_id(item)}\t{marked}\t{what}\n")
 
