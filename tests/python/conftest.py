@@ -27,8 +27,9 @@ running after ``CUTLASS_OPS_TEST_STACKS_AFTER`` seconds (240), every thread's Py
 worker's stderr reaches no log, so the file is where a hung test shows what it waits on.
 Each process also appends to ``<folder>/fallbacks_<pid>.txt`` one line for every test during
 whose call an op fell back on CUDA (``paths.fallback_counts()`` before and after): the test's
-id, whether it is marked ``fallback``, and each (op, reason) with its count, " | " between them.  An unmarked test
-listed there fails in strict mode, so one ordinary GPU run shows what a strict one would meet.
+id, whether it is marked ``fallback``, and each (op, reason) with its count, " | " between
+them.  An unmarked test listed there fails in strict mode, so one ordinary GPU run shows what
+a strict one would meet.
 
 ``--shard K/N`` runs the K-th of N disjoint parts of the selection (a hash of each test id
 decides), for GPU suites split over several sittings (tests/gpu_suite.sh's SHARD).
