@@ -53,13 +53,12 @@ def build_extension(build_dir: Path = Path("/tmp/block0_fused_build"), sm90a: bo
     """Compiles block0_fused.cu as a torch extension into build_dir and imports it; for sm_90a
     where the GPU is an sm_90 one (sm90a=None) or when asked (--build-only, on a machine without
     a GPU)."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import CUDA_HOME, load
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-std=c++17"]
     if sm90a or (sm90a is None and torch.cuda.get_device_capability() == (9, 0)):
         flags.append("-gencode=arch=compute_90a,code=sm_90a")
     includes = [str(HERE)]
-    from torch.utils.cpp_extension import CUDA_HOME
     if not (Path(CUDA_HOME or "/usr/local/cuda") / "include" / "cusparse.h").exists():
         # a toolkit without the CUDA libraries' headers that torch's include (cusparse.h, ...): those
         # of the NVIDIA wheels torch depends on
@@ -71,9 +70,10 @@ def build_extension(build_dir: Path = Path("/tmp/block0_fused_build"), sm90a: bo
                 build_directory=str(build_dir), verbose=False)
 
 
-def import_extension(path: Path):
-    """The extension as --build-only left it (built against this same torch), without compiling."""
-    spec = importlib.util.spec_from_file_location(EXT_NAME, str(path))  # .so: an extension module's loader
+def module_from_file(name: str, path: Path):
+    """Imports the module at ``path`` under ``name``: a .py file, or an extension module such as
+    the one --build-only left (built against this same torch), without compiling."""
+    spec = importlib.util.spec_from_file_location(name, str(path))  # the loader follows the suffix
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -87,13 +87,9 @@ def reference_block_class():
         from cutlass_ops.models import SEFixupBasicBlock
         return SEFixupBasicBlock
     except ImportError as e:
-        import importlib.util
         path = HERE.parents[2] / "cutlass_ops" / "models" / "se_resnet.py"
         print(f"(cutlass_ops not importable: {e}; reference block from {path})")
-        spec = importlib.util.spec_from_file_location("block0_se_resnet", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.SEFixupBasicBlock
+        return module_from_file("block0_se_resnet", path).SEFixupBasicBlock
 
 
 def make_block(gen: torch.Generator):
@@ -403,7 +399,7 @@ def main() -> int:
     ext = None
     if args.ext:
         try:
-            ext = import_extension(args.ext)
+            ext = module_from_file(EXT_NAME, args.ext)
         except ImportError as e:  # e.g. built under another Python version: compile it here instead
             print(f"--ext {args.ext} does not import ({e}); building the extension here")
     if ext is None:
