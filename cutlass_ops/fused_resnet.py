@@ -15,12 +15,15 @@ the forward differs.  Per forward (16 kernels):
                                         training too: small_map_conv.py)
             se_gate (one CTA/image):    h + b2b, squeeze, excite MLP, h*g + identity, ReLU,
                                         + the next block's fixup_bias1a, + its avgpool
+            conv2 + se_gate as one kernel (conv2d_fused_se_gate) in inference on an H100/H200
+                                        for block 0 at 64x64 inputs: h never reaches HBM
+                                        (15 kernels then)
 
 Small-M convs (late blocks, small batches) split K serially across threadblocks.  On sm90
 every kernel launches as a programmatic dependent of the one before (its launch overlaps
 that one's tail; kernels/common/programmatic_launch.cuh).
-Not fused yet (see README): the squeeze re-reads conv2's output instead of being summed in
-its epilogue.  The excite MLP is a plain loop in se_gate: as a B2B GEMM (FusedMLP) between
+Not fused yet (see README): outside block 0's inference on sm90 the squeeze re-reads conv2's
+output instead of being summed in its epilogue.  The excite MLP is a plain loop in se_gate: as a B2B GEMM (FusedMLP) between
 se_squeeze and se_gate_apply it measured 1.2-2.9x slower on an H100 (bench se-excite).
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ from torch import nn
 
 from .streams import weights_used_once
 from .models import SEFixupBasicBlock, SEResNet9FixUp
-from .ops import conv2d_fused, conv2d_fused_last_kernel, se_gate, space_to_depth_conv
+from .ops import (conv2d_fused, conv2d_fused_last_kernel, conv2d_fused_se_gate, conv2d_fused_se_gate_last_kernel,
+                  conv2d_fused_se_gate_why_not, se_gate, space_to_depth_conv)
 from .small_map_conv import dense_conv_weight, runs_dense, small_map_conv
 
 
@@ -216,6 +220,20 @@ class FusedResNet(SEResNet9FixUp):
             stride = blk.conv1.stride[0]
             h = conv(f"layers.{i}.conv1", xa, blk.conv1.weight, blk.fixup_bias1b.view(()), None,
                      stride, 1, None, blk.fixup_bias2a, relu=True)
+            nxt = blocks[i + 1] if i + 1 < len(blocks) else None
+            fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
+            pool_next = nxt is not None and nxt.downsample is not None
+            next_b1a = nxt.fixup_bias1a if nxt is not None else None
+            if blk.downsample is None and not self._block_trains(blk, h) and \
+                    conv2d_fused_se_gate_why_not(h, blk.conv2.weight, xa, fc1.weight) is None:
+                # Inference, block 0's shape on sm90: conv2 with the gate as its epilogue.
+                result = conv2d_fused_se_gate(h, cast(blk.conv2.weight), blk.fixup_scale, xa, fc1.weight, fc1.bias,
+                                              fc2.weight, fc2.bias, neg_b1a0, next_b1a,
+                                              avgpool=pool_next, h_bias=blk.fixup_bias2b.view(()))
+                if report is not None:
+                    report.append((f"layers.{i}.conv2+se_gate", tuple(h.shape), conv2d_fused_se_gate_last_kernel()))
+                xa, pooled = result if pool_next else (result, None)
+                continue
             if runs_dense(h.shape[2], h.shape[3], *blk.conv2.kernel_size):
                 if i in dense:
                     torch.cuda.current_stream().wait_stream(side)
@@ -234,16 +252,19 @@ class FusedResNet(SEResNet9FixUp):
                 if fork:
                     torch.cuda.current_stream().wait_stream(side)
                 identity_bias = None
-            nxt = blocks[i + 1] if i + 1 < len(blocks) else None
-            fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
-            pool_next = nxt is not None and nxt.downsample is not None
             # conv2's FixUp bias b2b is added in se_gate (h + b2b): its gradient, sum(grad_h),
             # then comes out of se_gate's backward pass instead of a pass of its own.
             result = se_gate(h, identity, fc1.weight, fc1.bias, fc2.weight, fc2.bias, identity_bias,
-                             nxt.fixup_bias1a if nxt is not None else None, avgpool=pool_next,
+                             next_b1a, avgpool=pool_next,
                              h_bias=blk.fixup_bias2b.view(()))
             xa, pooled = result if pool_next else (result, None)
         return xa
+
+    @staticmethod
+    def _block_trains(blk: SEFixupBasicBlock, h: torch.Tensor) -> bool:
+        """Whether autograd wants gradients through the block's conv2 and gate: then they run
+        as conv2d_fused and se_gate, whose backward needs no recomputation."""
+        return torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in blk.parameters()))
 
     def _dense_conv2_maps(self, x: torch.Tensor):
         """(block index, block, H, W) of each conv2 that runs as a dense layer on input x."""

@@ -11,7 +11,8 @@ attribute of this package; the module itself is ``sys.modules["cutlass_ops.ops.<
 from ._common import Scalar, _pair  # noqa: F401  (_pair: nn.py's argument checks)
 from .relu_backward import relu_backward
 from .conv2d_backward import conv2d_backward_kernels, conv2d_backward_last_kernel, conv2d_dgrad, conv2d_wgrad
-from .conv2d_fused import conv2d_fused, conv2d_fused_kernel_family, conv2d_fused_kernels, conv2d_fused_last_kernel
+from .conv2d_fused import (conv2d_fused, conv2d_fused_kernel_family, conv2d_fused_kernels, conv2d_fused_last_kernel,
+                           conv2d_fused_se_gate, conv2d_fused_se_gate_last_kernel, conv2d_fused_se_gate_why_not)
 from .conv2d_b2b import conv2d_b2b, conv2d_b2b_kernels, conv2d_b2b_last_kernel
 from .se_gate import se_gate, se_gate_apply, se_gate_backward, se_squeeze
 from .space_to_depth_conv import space_to_depth_conv, space_to_depth_conv_weight_grad
@@ -29,6 +30,7 @@ __all__ = [
     "conv2d_b2b", "conv2d_b2b_kernels", "conv2d_b2b_last_kernel",
     "conv2d_backward_kernels", "conv2d_backward_last_kernel", "conv2d_dgrad", "conv2d_wgrad",
     "conv2d_fused", "conv2d_fused_kernel_family", "conv2d_fused_kernels", "conv2d_fused_last_kernel",
+    "conv2d_fused_se_gate", "conv2d_fused_se_gate_last_kernel", "conv2d_fused_se_gate_why_not",
     "conv_embed",
     "dw_conv3x3_tokens", "dw_conv3x3_tokens_backward_input", "layer_norm_dw_conv3x3_tokens",
     "giou_loss", "giou_loss_padded", "giou_loss_ragged",

@@ -31,14 +31,16 @@ sums into the convs' GEMMs (relu_backward is its own pass)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from typing import Optional, Sequence, Union
 
 import torch
 
 from ..streams import fork_side_stream, join_side_stream, single_use_declared, stored_as_is, use_side_stream
 from .. import paths
-from ._common import (_HALF, _INT32_MAX, Scalar, _accumulate_dtype, _as_tensor, _check_devices, _grad_as, _meta,
-                      _pair, _report_last_kernel)
+from ._common import (_HALF, _INT32_MAX, Scalar, _accumulate_dtype, _aligned16, _as_tensor, _capability,
+                      _check_devices, _grad_as, _meta, _pair, _report_last_kernel)
 from .conv2d_backward import conv2d_dgrad, conv2d_wgrad
 from .relu_backward import _epilogue_backward
 
@@ -211,3 +213,142 @@ def _conv_backward(ctx, grad):
 
 
 torch.library.register_autograd("cutlass_ops::conv2d_fused", _conv_backward, setup_context=_conv_setup)
+
+
+# ---- conv2d_fused_se_gate: se_gate with the conv as its input ---------------------------------
+
+def conv2d_fused_se_gate(input: torch.Tensor, weight: torch.Tensor, scale: Scalar, identity: torch.Tensor,
+                         fc1_weight: torch.Tensor, fc1_bias: torch.Tensor, fc2_weight: torch.Tensor,
+                         fc2_bias: torch.Tensor, identity_bias: Scalar = None, post_bias: Scalar = None,
+                         avgpool: bool = False, h_bias: Scalar = None,
+                         stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 1):
+    """``se_gate`` (ops/se_gate.py) with ``h = scale * conv2d(input, weight) + h_bias`` as its input:
+
+        h      = scale * conv2d(input, weight, stride, padding) + h_bias   # float32, never stored
+        g      = sigmoid(fc2(relu(fc1(mean_hw(h)))))
+        out    = relu(h * g[:, :, None, None] + identity + identity_bias) + post_bias
+        pooled = avg_pool2d(out, 3, 2, 1, count_include_pad=True)          # if avgpool
+
+    FusedResNet's conv2 and the block's gate.  On an H100/H200 (a build with arch 90), fp16/bf16,
+    3x3 stride 1 padding 1, 16x16 maps with C = K = 64 and 1-16 hidden units (block 0 at 64x64
+    inputs): one kernel, the halo conv with the gate as its epilogue
+    (kernels/conv2d_fused/conv2d_fused_sm90_halo_se_gate.cu), h never leaving the SM.  Other
+    fp16/bf16 problems run the two kernels it fuses, conv2d_fused then se_gate, with h rounded to
+    the input dtype between them (a fallback: cutlass_ops.paths; ``CUTLASS_OPS_SM90_HALO=0`` asks for
+    it); float32/float64 and CPU the ATen composite.  What ran: ``conv2d_fused_se_gate_last_kernel()``.
+
+    Returns ``out`` (channels_last), or ``(out, pooled)`` when ``avgpool``.  The backward recomputes
+    h through conv2d_fused and differentiates conv2d_fused + se_gate (one more conv), so training
+    should call those two (FusedResNet does).
+    """
+    out, pooled = torch.ops.cutlass_ops.conv2d_fused_se_gate(
+        input, weight, _as_tensor(scale, input), identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
+        _as_tensor(identity_bias, input), _as_tensor(post_bias, input), bool(avgpool), _as_tensor(h_bias, input),
+        _pair(stride, "stride"), _pair(padding, "padding"))
+    if paths.recording(input):
+        last = conv2d_fused_se_gate_last_kernel()
+        if last.startswith("none"):
+            paths.record("conv2d_fused_se_gate", paths.EMPTY)
+        elif last == "aten" or last.startswith("two kernels"):
+            reason = last[len("two kernels ("):-1] if last.startswith("two kernels") else \
+                f"{str(input.dtype).replace('torch.', '')} input (the kernels take float16/bfloat16)"
+            paths.fallback("conv2d_fused_se_gate", reason,
+                           paths.describe(input=input, weight=weight, fc1_weight=fc1_weight))
+        else:
+            paths.record("conv2d_fused_se_gate")
+    return (out, pooled) if avgpool else out
+
+
+def conv2d_fused_se_gate_why_not(input: torch.Tensor, weight: torch.Tensor, identity: torch.Tensor,
+                                 fc1_weight: torch.Tensor, stride=1, padding=1) -> Optional[str]:
+    """Why conv2d_fused_se_gate would not run its one kernel on these arguments (None when it
+    would, paths.EMPTY for an empty batch): the CUDA side's conditions
+    (kernels/conv2d_fused/conv2d_fused_cuda.cpp, halo_se_gate_fits), for callers that choose
+    between it and the two ops (FusedResNet) and for tests."""
+    if not input.is_cuda:
+        return "not a CUDA tensor"
+    if input.dtype not in _HALF:
+        return f"{str(input.dtype).replace('torch.', '')} input (the kernels take float16/bfloat16)"
+    if input.dim() != 4 or tuple(input.shape[1:]) != (64, 16, 16) or tuple(weight.shape) != (64, 64, 3, 3) \
+            or _pair(stride, "stride") != [1, 1] or _pair(padding, "padding") != [1, 1]:
+        return "the kernel takes 3x3 convs with stride 1 and padding 1 on 16x16 maps, C = K = 64"
+    if not 1 <= fc1_weight.shape[0] <= 16:
+        return "the kernel takes 1-16 hidden units"
+    if input.shape[0] == 0:
+        return paths.EMPTY
+    if _capability(input) != 90:
+        return "the kernel is sm_90a code"
+    if not _built_family90():
+        return "this build has no family-90 kernels (CUTLASS_OPS_ARCHS without 90)"
+    if os.environ.get("CUTLASS_OPS_SM90_HALO", "") == "0":
+        return "CUTLASS_OPS_SM90_HALO=0"
+    if not all(_aligned16(t, torch.channels_last) for t in (input, identity)):
+        return "a channels_last input is not 16-byte aligned (a view at an odd offset)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _built_family90() -> bool:
+    return bool(conv2d_fused_kernels(90))
+
+
+def conv2d_fused_se_gate_last_kernel() -> str:
+    """What the last conv2d_fused_se_gate call on this thread ran: the fused kernel's name, "two
+    kernels (<why not the fused one>)", "aten" or "none (empty)"."""
+    return torch.ops.cutlass_ops.conv2d_fused_se_gate_last_kernel()
+
+
+@torch.library.register_fake("cutlass_ops::conv2d_fused_se_gate")
+def _conv2d_fused_se_gate_fake(input, weight, scale, identity, fc1_weight, fc1_bias, fc2_weight, fc2_bias,
+                               identity_bias=None, post_bias=None, avgpool=False, h_bias=None,
+                               stride=(1, 1), padding=(1, 1)):
+    out = _conv2d_fused_fake(input, weight, None, None, scale, None, stride, padding)
+    _check_devices("conv2d_fused_se_gate", ("input", input), ("identity", identity), ("fc1_weight", fc1_weight),
+                   ("fc1_bias", fc1_bias), ("fc2_weight", fc2_weight), ("fc2_bias", fc2_bias),
+                   ("identity_bias", identity_bias), ("post_bias", post_bias), ("h_bias", h_bias))
+    torch._check(identity.shape == out.shape,
+                 lambda: "conv2d_fused_se_gate: identity must have the conv output's shape")
+    if not avgpool:
+        return out, input.new_empty((0,))
+    n, k, p, q = out.shape
+    return out, input.new_empty((n, k, (p + 1) // 2, (q + 1) // 2)).contiguous(memory_format=torch.channels_last)
+
+
+# Schema positions of the op's tensor arguments (avgpool is 10, stride 12, padding 13).
+_SE_CONV_TENSORS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11)
+_SE_CONV_ARGS = 14
+
+
+def _se_conv_setup(ctx, inputs, output):
+    args = list(inputs) + [None] * (_SE_CONV_ARGS - len(inputs))
+    ctx.save_for_backward(*(args[p] for p in _SE_CONV_TENSORS))
+    ctx.avgpool = bool(args[10])
+    ctx.stride = list(args[12]) if args[12] is not None else [1, 1]
+    ctx.padding = list(args[13]) if args[13] is not None else [1, 1]
+    ctx.needs = list(ctx.needs_input_grad) + [False] * _SE_CONV_ARGS
+
+
+def _se_conv_backward(ctx, grad_out, grad_pooled):
+    """Recomputes h = conv2d_fused(x, w, scale) and differentiates se_gate(h, ...) and the conv
+    with their own backward ops (h rounded to the input dtype, as the two-kernel path has it)."""
+    needs = ctx.needs
+    with torch.enable_grad():
+        leaves = {p: (t.detach().requires_grad_(needs[p]) if t is not None else None)
+                  for p, t in zip(_SE_CONV_TENSORS, ctx.saved_tensors)}
+        h = torch.ops.cutlass_ops.conv2d_fused(leaves[0], leaves[1], None, None, leaves[2], None, ctx.stride,
+                                               ctx.padding, False, False)
+        out, pooled = torch.ops.cutlass_ops.se_gate(h, *(leaves[p] for p in (3, 4, 5, 6, 7, 8, 9)), ctx.avgpool,
+                                                    leaves[11])
+        outputs, grads = [out], [grad_out if grad_out is not None else torch.zeros_like(out)]
+        if ctx.avgpool and grad_pooled is not None and grad_pooled.numel():
+            outputs.append(pooled)
+            grads.append(grad_pooled)
+        wanted = [p for p in _SE_CONV_TENSORS if leaves[p] is not None and needs[p]]
+        got = torch.autograd.grad(outputs, [leaves[p] for p in wanted], grads, allow_unused=True) if wanted else ()
+    result = [None] * _SE_CONV_ARGS
+    for p, g in zip(wanted, got):
+        result[p] = g
+    return tuple(result)
+
+
+torch.library.register_autograd("cutlass_ops::conv2d_fused_se_gate", _se_conv_backward, setup_context=_se_conv_setup)

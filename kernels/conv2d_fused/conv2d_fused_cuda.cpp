@@ -9,6 +9,8 @@
 #include "common/kernel_table.h"
 #include "conv2d_fused/conv2d_fused_dispatch.h"
 #include "conv2d_fused/conv2d_fused_op.h"
+#include "conv2d_fused/conv2d_fused_sm90_halo.h"
+#include "se_gate/se_gate_op.h"
 
 namespace cutlass_ops {
 namespace conv2d_fused {
@@ -129,6 +131,66 @@ Tensor conv2d_fused_cuda(Tensor const& input, Tensor const& weight, std::optiona
   return output;
 }
 
+std::tuple<Tensor, Tensor> conv2d_fused_se_gate_cuda(
+    Tensor const& input, Tensor const& weight, std::optional<Tensor> const& scale, Tensor const& identity,
+    Tensor const& w1, Tensor const& b1, Tensor const& w2, Tensor const& b2,
+    std::optional<Tensor> const& identity_bias, std::optional<Tensor> const& post_bias, bool avgpool,
+    std::optional<Tensor> const& h_bias, IntArrayRef stride, IntArrayRef padding) {
+  OutputShape out = check_se_gate_inputs(input, weight, scale, identity, w1, b1, w2, b2, identity_bias, post_bias,
+                                         h_bias, stride, padding);
+  auto dtype = input.scalar_type();
+  if (dtype != kHalf && dtype != kBFloat16) {
+    return conv2d_fused_se_gate_aten(input, weight, scale, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool,
+                                     h_bias, stride, padding);
+  }
+  DeviceGuard guard(input.get_device_index());
+  int const dev = input.get_device_index();
+  std::string why_not;
+  bool const conv_fits = weight.size(2) == 3 && weight.size(3) == 3 && stride[0] == 1 && stride[1] == 1 &&
+                         padding[0] == 1 && padding[1] == 1;
+  if (out.N == 0) {
+    why_not = "empty";
+  } else if (!conv_fits) {
+    why_not = "the kernel takes 3x3 convs with stride 1 and padding 1";
+  } else if (!hand_written_kernels_from_env()) {
+    why_not = "CUTLASS_OPS_SM90_HALO=0";
+  } else {
+    Tensor x = as_nhwc(input), w = as_nhwc(weight), idn = as_nhwc(identity);
+    Tensor result = empty({out.N, out.K, out.P, out.Q}, dtype, input.device(), kChannelsLast);
+    Tensor pooled = avgpool ? empty(se_gate::pooled_shape(result), dtype, input.device(), kChannelsLast)
+                            : empty({0}, dtype, input.device());
+    auto f32 = [](std::optional<Tensor> const& t) { return t ? as_float_vector(*t) : Tensor(); };
+    auto ptr = [](Tensor& t) -> float const* { return t.defined() ? t.mutable_data_ptr<float>() : nullptr; };
+    Tensor scale_f = f32(scale), h_bias_f = f32(h_bias), idb_f = f32(identity_bias), post_f = f32(post_bias);
+    Tensor w1f = as_float_vector(w1), b1f = as_float_vector(b1), w2f = as_float_vector(w2), b2f = as_float_vector(b2);
+    HaloSeGateArgs a{};
+    a.dtype = dtype == kHalf ? DType::kF16 : DType::kBF16;
+    a.N = out.N; a.H = input.size(2); a.W = input.size(3); a.C = input.size(1); a.K = out.K;
+    a.R = w1.size(0);
+    a.input = x.data_ptr(); a.weight = w.data_ptr(); a.identity = idn.data_ptr();
+    a.output = result.data_ptr(); a.pooled = avgpool ? pooled.data_ptr() : nullptr;
+    a.scale = ptr(scale_f); a.h_bias = ptr(h_bias_f); a.identity_bias = ptr(idb_f); a.post_bias = ptr(post_f);
+    a.w1 = ptr(w1f); a.b1 = ptr(b1f); a.w2 = ptr(w2f); a.b2 = ptr(b2f);
+    a.programmatic_launch = programmatic_launch_allowed(dev);
+    cutlass::Status const status =
+        run_halo_se_gate(a, compute_capability(dev), current_cuda_stream(dev), why_not);
+    if (status != cutlass::Status::kErrorNotSupported) {
+      CUTLASS_OPS_CHECK(status == cutlass::Status::kSuccess, "conv2d_fused_se_gate: kernel launch failed: ",
+                        cudaGetErrorString(cudaGetLastError()));
+      CUTLASS_OPS_CUDA_CHECK(cudaGetLastError());
+      se_gate_last_kernel_slot() = std::string("cutlass_ops_conv2d_fused_") + (dtype == kHalf ? "f16" : "bf16") +
+                                   "_sm90_halo3x3s1_w16c64k64_se_gate";
+      return {result, pooled};
+    }
+  }
+  // The two kernels it fuses: h rounded to the input dtype between them.
+  Tensor h = conv2d_fused_cuda(input, weight, std::nullopt, std::nullopt, scale, std::nullopt, stride, padding,
+                               false, false);
+  auto result = se_gate::se_gate_cuda(h, identity, w1, b1, w2, b2, identity_bias, post_bias, avgpool, h_bias);
+  se_gate_last_kernel_slot() = out.N == 0 ? "none (empty)" : "two kernels (" + why_not + ")";
+  return result;
+}
+
 std::vector<std::string> kernel_names() {
   std::vector<std::string> names = built_kernel_names(kKernels, kNumKernels);
   for (KernelEntry const* e : hand_written_kernels()) names.push_back(e->name);
@@ -149,4 +211,5 @@ STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CompositeExplicitAutograd, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CUDA, m) {
   m.impl("conv2d_fused", TORCH_BOX(&cutlass_ops::conv2d_fused::conv2d_fused_cuda));
+  m.impl("conv2d_fused_se_gate", TORCH_BOX(&cutlass_ops::conv2d_fused::conv2d_fused_se_gate_cuda));
 }

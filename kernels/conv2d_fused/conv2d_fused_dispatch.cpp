@@ -96,6 +96,26 @@ std::vector<KernelEntry const*> const& hand_written_kernels() {
   return kernels;
 }
 
+cutlass::Status run_halo_se_gate(HaloSeGateArgs const& a, int cc, cudaStream_t stream, std::string& why_not) {
+#if CUTLASS_OPS_HAVE_SM90_HALO
+  if (cc != 90) {
+    why_not = "the kernel is sm_90a code and this GPU is sm" + std::to_string(cc);
+    return cutlass::Status::kErrorNotSupported;
+  }
+  if (!halo_se_gate_fits(a)) {
+    why_not = "the kernel takes 16x16 maps, C = K = 64, 1-16 hidden units, 16-byte aligned maps";
+    return cutlass::Status::kErrorNotSupported;
+  }
+  cutlass::Status const status = sm90_halo::run_se_gate(a, stream);
+  if (status == cutlass::Status::kErrorNotSupported) why_not = "the TMA descriptors could not be made";
+  return status;
+#else
+  (void)a, (void)cc, (void)stream;
+  why_not = "this build has no family-90 kernels (CUTLASS_OPS_ARCHS without 90)";
+  return cutlass::Status::kErrorNotSupported;
+#endif
+}
+
 bool hand_written_kernels_from_env() {
   char const* env = std::getenv("CUTLASS_OPS_SM90_HALO");
   return env == nullptr || env[0] != '0';

@@ -77,6 +77,14 @@ std::vector<int> families_to_try(std::vector<int> device_families, Sm90Policy po
 // The hand-written kernels of this build (conv2d_fused_sm90_halo.h), tried before the table's.
 std::vector<KernelEntry const*> const& hand_written_kernels();
 
+struct HaloSeGateArgs;  // conv2d_fused_sm90_halo.h
+
+// conv2d_fused_se_gate's kernel (the halo conv with se_gate as its epilogue) on a device of
+// compute capability `cc`: kSuccess; kErrorInternal for a failed launch; kErrorNotSupported
+// with `why_not` set when this build has no family 90, the device is not sm90, or the kernel
+// does not take the problem (halo_se_gate_fits).
+cutlass::Status run_halo_se_gate(HaloSeGateArgs const& a, int cc, cudaStream_t stream, std::string& why_not);
+
 // CUTLASS_OPS_SM90_HALO (read per call): false when it is 0, i.e. the automatic choice (the
 // forward's and conv2d_dgrad's) leaves the hand-written kernels out; a forced one still runs.
 bool hand_written_kernels_from_env();

@@ -3,6 +3,8 @@
 // cutlass_ops/ops/conv2d_fused.py.
 #include "conv2d_fused/conv2d_fused_op.h"
 
+#include "se_gate/se_gate_op.h"
+
 namespace cutlass_ops {
 namespace conv2d_fused {
 
@@ -121,6 +123,56 @@ Tensor conv2d_fused_aten(Tensor const& input, Tensor const& weight, std::optiona
   return result;
 }
 
+OutputShape check_se_gate_inputs(Tensor const& input, Tensor const& weight, std::optional<Tensor> const& scale,
+                                 Tensor const& identity, Tensor const& w1, Tensor const& b1, Tensor const& w2,
+                                 Tensor const& b2, std::optional<Tensor> const& identity_bias,
+                                 std::optional<Tensor> const& post_bias, std::optional<Tensor> const& h_bias,
+                                 IntArrayRef stride, IntArrayRef padding) {
+  char const* op = "conv2d_fused_se_gate";
+  OutputShape out = check_inputs(input, weight, std::nullopt, std::nullopt, scale, std::nullopt, stride, padding);
+  CUTLASS_OPS_CHECK_VALUE(identity.sizes() == IntArrayRef({out.N, out.K, out.P, out.Q}), op,
+                          ": identity must have the conv output's shape (", out.N, ", ", out.K, ", ", out.P, ", ",
+                          out.Q, "), got ", identity.sizes());
+  CUTLASS_OPS_CHECK_VALUE(identity.scalar_type() == input.scalar_type(), op, ": identity dtype ",
+                          identity.scalar_type(), " differs from input dtype ", input.scalar_type());
+  // The gate's own checks (excite shapes, devices, scalars), with identity standing for h.
+  se_gate::check_inputs(identity, identity, w1, b1, w2, b2, identity_bias, post_bias, h_bias, op);
+  return out;
+}
+
+std::string& se_gate_last_kernel_slot() {
+  thread_local std::string name = "none";
+  return name;
+}
+
+std::string se_gate_last_kernel() { return se_gate_last_kernel_slot(); }
+
+std::tuple<Tensor, Tensor> conv2d_fused_se_gate_aten(
+    Tensor const& input, Tensor const& weight, std::optional<Tensor> const& scale, Tensor const& identity,
+    Tensor const& w1, Tensor const& b1, Tensor const& w2, Tensor const& b2,
+    std::optional<Tensor> const& identity_bias, std::optional<Tensor> const& post_bias, bool avgpool,
+    std::optional<Tensor> const& h_bias, IntArrayRef stride, IntArrayRef padding) {
+  se_gate_last_kernel_slot() = "aten";
+  OutputShape out = check_se_gate_inputs(input, weight, scale, identity, w1, b1, w2, b2, identity_bias, post_bias,
+                                         h_bias, stride, padding);
+  auto compute = input.scalar_type() == kDouble ? kDouble : kFloat;
+  // h in the compute dtype, never rounded (the fused kernel keeps it in float32 registers).
+  Tensor h = conv2d_fused_aten(to_dtype(input, compute), to_dtype(weight, compute), std::nullopt, std::nullopt,
+                               scale, h_bias, stride, padding, false, false);
+  auto [y, unused] = se_gate::se_gate_aten(h, to_dtype(identity, compute), w1, b1, w2, b2, identity_bias, post_bias,
+                                           false, std::nullopt);
+  Tensor result = empty({out.N, out.K, out.P, out.Q}, input.scalar_type(), input.device(), kChannelsLast);
+  torch::stable::copy_(result, y);
+  Tensor pooled = empty({0}, input.scalar_type(), input.device());
+  if (avgpool) {  // of the rounded output, as se_gate pools
+    pooled = empty(se_gate::pooled_shape(result), input.scalar_type(), input.device(), kChannelsLast);
+    torch::stable::copy_(pooled, aten_call("aten::avg_pool2d", "", to_dtype(result, compute),
+                                           std::vector<int64_t>{3, 3}, std::vector<int64_t>{2, 2},
+                                           std::vector<int64_t>{1, 1}, false, true, std::optional<int64_t>()));
+  }
+  return {result, pooled};
+}
+
 void force_kernel(std::string name, int64_t split_k) {
   CUTLASS_OPS_CHECK_VALUE(split_k >= 0 && split_k <= 64, "conv2d_fused_force_kernel: split_k must be 0..64, got ",
                           split_k);
@@ -143,13 +195,24 @@ STABLE_TORCH_LIBRARY_FRAGMENT(cutlass_ops, m) {
   // with `split_k` serial split-K slices (0: the dispatcher's choice); an error when it
   // cannot run the problem.  "" restores the normal choice.
   m.def("conv2d_fused_force_kernel(str name, int split_k=0) -> ()");
+  // se_gate with the conv as its input: h = scale * conv2d(input, weight) + h_bias, then
+  // se_gate(h, identity, ...) (conv2d_fused_op.h).  Returns (out, pooled); pooled is empty
+  // unless avgpool.
+  m.def(
+      "conv2d_fused_se_gate(Tensor input, Tensor weight, Tensor? scale, Tensor identity, Tensor fc1_weight, "
+      "Tensor fc1_bias, Tensor fc2_weight, Tensor fc2_bias, Tensor? identity_bias=None, Tensor? post_bias=None, "
+      "bool avgpool=False, Tensor? h_bias=None, int[2] stride=[1, 1], int[2] padding=[1, 1]) -> (Tensor, Tensor)");
+  // What the last conv2d_fused_se_gate call on this thread ran (conv2d_fused_op.h).
+  m.def("conv2d_fused_se_gate_last_kernel() -> str");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CompositeExplicitAutograd, m) {
   m.impl("conv2d_fused_last_kernel", TORCH_BOX(&cutlass_ops::conv2d_fused::last_kernel));
   m.impl("conv2d_fused_force_kernel", TORCH_BOX(&cutlass_ops::conv2d_fused::force_kernel));
+  m.impl("conv2d_fused_se_gate_last_kernel", TORCH_BOX(&cutlass_ops::conv2d_fused::se_gate_last_kernel));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(cutlass_ops, CPU, m) {
   m.impl("conv2d_fused", TORCH_BOX(&cutlass_ops::conv2d_fused::conv2d_fused_aten));
+  m.impl("conv2d_fused_se_gate", TORCH_BOX(&cutlass_ops::conv2d_fused::conv2d_fused_se_gate_aten));
 }

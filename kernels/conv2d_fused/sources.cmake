@@ -6,5 +6,5 @@ cutlass_ops_family(conv2d_fused
   OP conv2d_fused_op.cpp
   CUDA conv2d_fused_cuda.cpp
   DISPATCH conv2d_fused_dispatch.cpp
-  SM90 conv2d_fused_sm90_halo.cu
+  SM90 conv2d_fused_sm90_halo.cu conv2d_fused_sm90_halo_se_gate.cu
   SM90_DISPATCH_DEFINES CUTLASS_OPS_HAVE_SM90_HALO=1)

@@ -28,6 +28,13 @@ std::tuple<Tensor, Tensor> se_gate_aten(
     Tensor const& w2, Tensor const& b2, std::optional<Tensor> const& identity_bias,
     std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias);
 
+// The CUDA implementation (se_gate_cuda.cpp; CUDA builds only): also conv2d_fused_se_gate's
+// two-kernel path (kernels/conv2d_fused/conv2d_fused_cuda.cpp).
+std::tuple<Tensor, Tensor> se_gate_cuda(
+    Tensor const& h, Tensor const& identity, Tensor const& w1, Tensor const& b1,
+    Tensor const& w2, Tensor const& b2, std::optional<Tensor> const& identity_bias,
+    std::optional<Tensor> const& post_bias, bool avgpool, std::optional<Tensor> const& h_bias);
+
 // The same gate in three steps, around an excite MLP of the caller's (cutlass_ops/ops/se_gate.py):
 //   se_squeeze:    s   = mean_hw(h + h_bias)                 (N, C) in h's dtype
 //   se_gate_apply: out = relu((h + h_bias) * gate + identity + identity_bias) + post_bias

@@ -371,10 +371,75 @@ def run_space_to_depth_conv_backward(c, device):
                          [x, wt, pb], c["wants"], [grad], dtype, ["grad_input", "grad_weight", "grad_post_bias"])
 
 
+def draw_conv2d_fused_se_gate(rng):
+    """Half the cases in the one kernel's class (fp16/bf16, 16x16 maps, C = K = 64, 1-16 hidden
+    units), the rest anywhere (the two kernels it fuses, or ATen)."""
+    if rng.random() < 0.5:
+        c = k = 64
+        h = w = 16
+        r = rng.randint(1, 16)
+        dtype = rng.choice(["float16", "bfloat16"])
+    else:
+        c, k, h, w, r = _dims(rng), _dims(rng), rng.randint(1, 12), rng.randint(1, 12), rng.randint(1, 8)
+        dtype = str(_dtype(rng))[6:]
+    return dict(n=_batch(rng), c=c, k=k, h=h, w=w, r=r, dtype=dtype, avgpool=rng.random() < 0.5,
+                scale=rng.random() < 0.75, idb=rng.random() < 0.5, pb=rng.random() < 0.5, hb=rng.random() < 0.5,
+                x_layout=rng.choice(LAYOUTS), w_layout=rng.choice(LAYOUTS), i_layout=rng.choice(LAYOUTS),
+                special=_special(rng), seed=rng.randrange(2**31))
+
+
+def _se_conv_operands(c, device, special=True):
+    dtype, g = getattr(torch, c["dtype"]), torch.Generator().manual_seed(c["seed"])
+    n, ch, k, r = c["n"], c["c"], c["k"], c["r"]
+    x = make((n, ch, c["h"], c["w"]), dtype, device, c["x_layout"], g, special=c["special"] if special else 0)
+    wt = make((k, ch, 3, 3), dtype, device, c["w_layout"], g, scale=(9 * ch) ** -0.5)
+    idn = make((n, k, c["h"], c["w"]), dtype, device, c["i_layout"], g)
+    excite = [make((r, k), torch.float32, device, "nchw", g, scale=k ** -0.5), make((r,), torch.float32, device, "nchw", g),
+              make((k, r), torch.float32, device, "nchw", g, scale=r ** -0.5), make((k,), torch.float32, device, "nchw", g)]
+    scale = (torch.rand((), generator=g) + 0.5).to(device) if c["scale"] else None
+    idb, pb, hb = (make((), torch.float32, device, "nchw", g, scale=0.3) if c[key] else None for key in ("idb", "pb", "hb"))
+    return dtype, [x, wt, scale, idn, *excite, idb, pb, hb]
+
+
+def _se_conv_formula(x, wt, scale, idn, w1, b1, w2, b2, idb, pb, hb):
+    """conv2d_fused_se_gate's composite in the tensors' dtype (PyTorch's own: conv2d, then the gate)."""
+    h = F.conv2d(x, wt, None, 1, 1)
+    if scale is not None:
+        h = h * scale.to(h.dtype)
+    if hb is not None:
+        h = h + hb.to(h.dtype)
+    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), w1.to(h.dtype), b1.to(h.dtype))),
+                                  w2.to(h.dtype), b2.to(h.dtype)))
+    y = h * gate[:, :, None, None] + idn
+    if idb is not None:
+        y = y + idb.to(y.dtype)
+    y = torch.relu(y)
+    return y + pb.to(y.dtype) if pb is not None else y
+
+
+def run_conv2d_fused_se_gate(c, device):
+    """se_gate of scale * conv3x3(x, w) + h_bias against float64 and PyTorch's own in the dtype;
+    the pooled map against the pool of the op's own output."""
+    dtype, t = _se_conv_operands(c, device)
+    got = ops.conv2d_fused_se_gate(*t[:8], t[8], t[9], avgpool=c["avgpool"], h_bias=t[10])
+    out, pooled = got if c["avgpool"] else (got, None)
+    ref = _se_conv_formula(*map(d64, t))
+    own = _own(lambda x_, w_, i_: _se_conv_formula(x_, w_, t[2], i_, *t[4:]), dtype, device, t[0], t[1], t[3])
+    fail = compare("out", out, ref, own, dtype)
+    if not fail and (out.dtype != dtype or not out.is_contiguous(memory_format=torch.channels_last)):
+        fail = f"out: {out.dtype} / not channels_last"
+    if fail or not c["avgpool"]:
+        return fail
+    want = F.avg_pool2d(d64(out), 3, 2, 1, count_include_pad=True)
+    return compare("pooled", pooled, want, F.avg_pool2d(out.float(), 3, 2, 1, count_include_pad=True).to(dtype),
+                   dtype)
+
+
 OPS = {
     "conv2d_fused": (draw_conv2d_fused, run_conv2d_fused, ["conv2d_fused"]),
     "conv2d_fused_backward": (draw_conv2d_fused_backward, run_conv2d_fused_backward,
                               ["relu_backward", "conv2d_dgrad", "conv2d_wgrad"]),
+    "conv2d_fused_se_gate": (draw_conv2d_fused_se_gate, run_conv2d_fused_se_gate, ["conv2d_fused_se_gate"]),
     "conv2d_b2b": (draw_conv2d_b2b, run_conv2d_b2b, ["conv2d_b2b"]),
     "conv2d_b2b_backward": (draw_conv2d_b2b_backward, run_conv2d_b2b_backward, []),
     "conv2d_dgrad": (draw_conv_backward, run_conv2d_dgrad, ["conv2d_dgrad"]),

@@ -142,6 +142,8 @@ def _has_kernel(name: str) -> bool:
     """Whether the build has a kernel for the op on this GPU (linear_silu's need arch 90)."""
     if name == "linear_silu":
         return bool(cutlass_ops.ops.linear_silu_kernels()) and torch.cuda.get_device_capability()[0] == 9
+    if name == "conv2d_fused_se_gate":  # one sm_90a kernel; elsewhere the two kernels it fuses
+        return bool(cutlass_ops.ops.conv2d_fused_kernels(90)) and torch.cuda.get_device_capability() == (9, 0)
     return True
 
 

@@ -1,0 +1,254 @@
+// conv2d_fused_se_gate on sm_90a: the halo conv (conv2d_fused_sm90_halo.cuh) with se_gate as its
+// epilogue, for FusedResNet block 0's conv2 (3x3 / stride 1 / pad 1, C = K = 64, 16 x 16 maps).
+//
+//   h   = scale * conv(x, w) + h_bias                 (float32, never stored)
+//   g   = sigmoid(W2 relu(W1 mean_hw(h) + b1) + b2)
+//   out = relu(h * g + identity + identity_bias) + post_bias
+//   pooled = avg_pool2d(out, 3, 2, 1, count_include_pad)   (optional: the next block's downsample input)
+//
+// As conv2d_fused + se_gate, h goes to HBM and comes back (twice) and se_gate is a kernel of its
+// own; here a consumer warp group owns whole images: both 8-row tiles of an image are in its
+// registers (64 + 64 accumulators a thread), so the squeeze is a sum over a thread's values and
+// a shuffle over the four lanes that share a channel, the excite runs in the group, and the gate,
+// residual and pooling go through the group's 16 KB tile buffer a tile at a time.  The two
+// consumer groups take every other image of the CTA: one group's epilogue runs under the other's
+// MMAs.  HBM traffic per image: the input (through TMA, with its halo), the identity, the output
+// and the pooled map; h never leaves the SM.
+#include "conv2d_fused/conv2d_fused_sm90_halo.h"
+
+#include "common/programmatic_launch.cuh"
+#include "conv2d_fused/conv2d_fused_sm90_halo.cuh"
+#include "cutlass/arch/reg_reconfig.h"
+
+namespace cutlass_ops {
+namespace conv2d_fused {
+namespace sm90_halo {
+
+constexpr int kImageRows = 2 * kTileRows;  // the maps this kernel takes: 16 x 16
+constexpr int kImagePixels = kImageRows * kW;
+constexpr int kPooledW = kW / 2;           // AvgPool2d(3, 2, 1) of 16 columns: 8
+
+struct SeEpilogue {
+  void* output;
+  void* pooled;              // or null
+  void const* identity;
+  float const* scale;        // or null (1)
+  float const* h_bias;       // or null (0)
+  float const* identity_bias;
+  float const* post_bias;
+  float const* w1;           // (R, K)
+  float const* b1;           // (R)
+  float const* w2;           // (K, R)
+  float const* b2;           // (K)
+  int R;
+  int images;
+};
+
+// 16 bytes of T as 8 floats, and back.
+template <typename T>
+__device__ __forceinline__ void unpack8(uint4 const& u, float (&v)[8]) {
+  T const* e = reinterpret_cast<T const*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = float(e[i]);
+}
+template <typename T>
+__device__ __forceinline__ uint4 pack8(float const (&v)[8]) {
+  uint4 u;
+  T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = T(v[i]);
+  return u;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    halo_se_gate_kernel(__grid_constant__ CUtensorMap const tmap_x, __grid_constant__ CUtensorMap const tmap_w,
+                        SeEpilogue const ep) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ char smem_raw[];
+  Smem<T>& s = smem_of<T>(smem_raw);
+  int const wg = threadIdx.x / 128;
+  int const local_images = (ep.images - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  init_barriers(s);
+  wait_for_previous_grid();  // before the first read of the inputs or write of the outputs
+
+  if (wg == 0) {  // the producer: image blockIdx.x + k * gridDim.x, its top tile then its bottom one
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0)
+      produce(s, tmap_x, tmap_w, 2 * local_images,
+              [&](int j) { return make_int2(int(blockIdx.x) + (j / 2) * int(gridDim.x), (j % 2) * kTileRows); });
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();  // both tiles' accumulators: 128 a thread
+
+  int const consumer = wg - 1, ct = threadIdx.x - 128 * wg, warp = ct / 32, lane = ct % 32;
+  using TiledMma = decltype(make_tiled_mma(typename Mma<T>::Atom{}));
+  TiledMma mma;
+  auto thr = mma.get_thread_slice(ct);
+  Tensor acc0 = partition_fragment_C(mma, Shape<Int<kK>, Int<kM>>{});  // rows 0-7
+  Tensor acc1 = partition_fragment_C(mma, Shape<Int<kK>, Int<kM>>{});  // rows 8-15
+
+  int const ch0 = acc_channel0(ct), px0 = acc_pixel0(ct);
+  float const scale = ep.scale ? *ep.scale : 1.f;
+  float const h_bias = ep.h_bias ? *ep.h_bias : 0.f;
+  float const idn_bias = ep.identity_bias ? *ep.identity_bias : 0.f;
+  float const post = ep.post_bias ? *ep.post_bias : 0.f;
+  T* out_buf = s.out[consumer];
+  float* means = s.se[consumer];        // [kK] channel sums
+  float* hidden = s.se[consumer] + kK;  // [R]
+  auto group_sync = [&] { cutlass::arch::NamedBarrier::sync(128, 1 + consumer); };
+
+  FullBarrier::wait(&s.filter_full, 0);
+  for (int k = consumer; k < local_images; k += 2) {
+    int const n = int(blockIdx.x) + k * int(gridDim.x);
+    clear(acc0);
+    mma_tile(s, thr, acc0, 2 * k);
+    clear(acc1);
+    mma_tile(s, thr, acc1, 2 * k + 1);
+
+    // h = scale * acc + h_bias, and the squeeze: this thread's two channels summed over its
+    // pixels of both tiles, then over the four lanes of the quad that holds those channels.
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < size(acc0); ++i) {
+      int const v1 = (i / 2) % 2;
+      acc0(i) = fmaf(scale, acc0(i), h_bias);
+      acc1(i) = fmaf(scale, acc1(i), h_bias);
+      sum[v1] += acc0(i) + acc1(i);
+    }
+#pragma unroll
+    for (int v1 = 0; v1 < 2; ++v1) {
+      sum[v1] += __shfl_xor_sync(0xffffffffu, sum[v1], 1);
+      sum[v1] += __shfl_xor_sync(0xffffffffu, sum[v1], 2);
+    }
+    if (ct % 4 == 0) {
+      means[ch0] = sum[0];
+      means[ch0 + 8] = sum[1];
+    }
+    group_sync();
+    // Excite: hidden unit r by warp r % 4 (a dot over the 64 sums, two a lane), ReLU.
+    for (int r = warp; r < ep.R; r += 4) {
+      float d = ep.w1[r * kK + lane] * means[lane] + ep.w1[r * kK + lane + 32] * means[lane + 32];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      if (lane == 0) {
+        float const pre = d * (1.f / kImagePixels) + ep.b1[r];
+        hidden[r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
+      }
+    }
+    group_sync();
+    // The gates of this thread's two channels.
+    float gate[2];
+#pragma unroll
+    for (int v1 = 0; v1 < 2; ++v1) {
+      int const ch = ch0 + 8 * v1;
+      float dot = 0.f;
+      for (int r = 0; r < ep.R; ++r) dot += ep.w2[ch * ep.R + r] * hidden[r];
+      gate[v1] = 1.f / (1.f + __expf(-(dot + ep.b2[ch])));
+    }
+
+    // Gate, residual, ReLU and the pooling, a tile at a time through the group's buffer.
+    // carry: for the bottom tile's first pooled row, row 7's three-column sums (threads 0-63:
+    // pooled column ct / 8, channel chunk ct % 8), taken from the top tile's output.
+    float carry[8];
+    size_t const image_px = size_t(n) * kImagePixels;
+#pragma unroll  // half a constant: acc0 or acc1 chosen at compile time (else both go to local memory)
+    for (int half = 0; half < 2; ++half) {
+      auto& acc = half == 0 ? acc0 : acc1;
+      size_t const tile_px = image_px + half * kM;
+      // The identity's chunks first: their loads are in flight during the stores below.
+      uint4 idn[8];
+      uint4 const* idn_src = reinterpret_cast<uint4 const*>(static_cast<T const*>(ep.identity) + tile_px * kK);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) idn[i] = idn_src[ct + 128 * i];
+      group_sync();  // the buffer's last readers (the previous tile's) are done
+#pragma unroll
+      for (int v1 = 0; v1 < 2; ++v1)
+#pragma unroll
+        for (int v0 = 0; v0 < 2; ++v0) {
+          T* dst = out_buf + out_index(px0 + v0, ch0 + 8 * v1);
+#pragma unroll
+          for (int v2 = 0; v2 < kM / 8; ++v2) dst[8 * v2 * kK] = T(acc(v0 + 2 * v1 + 4 * v2) * gate[v1]);
+        }
+      group_sync();
+      uint4* out = reinterpret_cast<uint4*>(static_cast<T*>(ep.output) + tile_px * kK);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        int const chunk = ct + 128 * i, px = chunk / (kK / 8), c = chunk % (kK / 8);
+        uint4* buf = reinterpret_cast<uint4*>(out_buf + out_chunk(px, c));
+        float hg[8], x[8], o[8];
+        unpack8<T>(*buf, hg);
+        unpack8<T>(idn[i], x);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float const v = hg[e] + x[e] + idn_bias;
+          o[e] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
+        }
+        uint4 const packed = pack8<T>(o);
+        out[chunk] = packed;
+        if (ep.pooled != nullptr) *buf = packed;  // pooled from the rounded output, as se_gate does
+      }
+      if (ep.pooled == nullptr) continue;
+      group_sync();
+      // AvgPool2d(3, 2, 1, count_include_pad): this tile's 4 pooled rows x 8 columns x 8 chunks,
+      // two items a thread; buffer row -1 is the padding (top) or the carry (bottom).
+#pragma unroll
+      for (int it = 0; it < 2; ++it) {
+        int const item = ct + 128 * it, p = item / 64, q = (item / 8) % 8, c = item % 8;
+        float a[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[e] = (half == 1 && p == 0) ? carry[e] : 0.f;
+        for (int r = max(2 * p - 1, 0); r <= 2 * p + 1; ++r)
+          for (int col = max(2 * q - 1, 0); col <= min(2 * q + 1, kW - 1); ++col) {
+            float v[8];
+            unpack8<T>(*reinterpret_cast<uint4 const*>(out_buf + out_chunk(r * kW + col, c)), v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) a[e] += v[e];
+          }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[e] *= 1.f / 9.f;
+        size_t const pooled_px = (size_t(n) * kPooledW + half * 4 + p) * kPooledW + q;
+        reinterpret_cast<uint4*>(static_cast<T*>(ep.pooled) + pooled_px * kK)[c] = pack8<T>(a);
+      }
+      if (half == 0 && ct < 64) {
+        int const q = ct / 8, c = ct % 8;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) carry[e] = 0.f;
+        for (int col = max(2 * q - 1, 0); col <= min(2 * q + 1, kW - 1); ++col) {
+          float v[8];
+          unpack8<T>(*reinterpret_cast<uint4 const*>(out_buf + out_chunk((kTileRows - 1) * kW + col, c)), v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) carry[e] += v[e];
+        }
+      }
+    }
+  }
+#endif
+}
+
+template <typename T>
+cutlass::Status run_se_gate_typed(HaloSeGateArgs const& a, cudaStream_t stream) {
+  CUtensorMap tmap_x{}, tmap_w{};
+  if (!encode_maps<T>(a.input, a.weight, a.N, kImageRows, tmap_x, tmap_w)) return cutlass::Status::kErrorNotSupported;
+  static bool const smem_set =
+      cudaFuncSetAttribute(halo_se_gate_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<T>) ==
+      cudaSuccess;
+  if (!smem_set) return cutlass::Status::kErrorInternal;
+  int const sms = current_sm_count();
+  if (sms == 0) return cutlass::Status::kErrorInternal;
+  SeEpilogue ep{a.output, a.pooled, a.identity, a.scale, a.h_bias, a.identity_bias, a.post_bias,
+                a.w1, a.b1, a.w2, a.b2, a.R, a.N};
+  int const grid = a.N < sms ? a.N : sms;
+  cudaError_t err = launch_kernel<halo_se_gate_kernel<T>>(dim3(grid), dim3(kThreads), kSmemBytes<T>, stream,
+                                                          a.programmatic_launch, tmap_x, tmap_w, ep);
+  return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+}
+
+cutlass::Status run_se_gate(HaloSeGateArgs const& a, cudaStream_t stream) {
+  if (!halo_se_gate_fits(a)) return cutlass::Status::kErrorNotSupported;
+  return a.dtype == DType::kF16 ? run_se_gate_typed<half_t>(a, stream) : run_se_gate_typed<bfloat16_t>(a, stream);
+}
+
+}  // namespace sm90_halo
+}  // namespace conv2d_fused
+}  // namespace cutlass_ops
