@@ -261,7 +261,9 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
     HBM bandwidth.  Every row also gets its bound, `bound_us`: the time at the datasheet peak of
     whichever resource binds it (its FLOPs at the tensor-core peak or its compulsory bytes,
     each map read once and written once, at HBM bandwidth), and `fraction_of_bound`.
-    Empty when the kernel sequence is not the one expected (16 kernels)."""
+    Block 0's conv2 and se_gate may be one kernel (conv2d_fused_se_gate's, in inference on sm90:
+    15 kernels); its row then counts the conv's FLOPs and the bytes of both.  Empty when the
+    kernel sequence is not the one expected."""
     from ..models import SEResNet9FixUp
     from ..small_map_conv import runs_dense
     model = SEResNet9FixUp(in_channels)
@@ -269,12 +271,20 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
     # the stem reads the input and writes block 0's input
     expected = [("stem (space-to-depth 1x1 conv)", "stem", 0.0, 2 * n * (in_channels * 64 * 64 + 64 * hw * hw))]
     blocks = [layer[0] for layer in model.layers]
+    gate_in_conv2 = any("halo_se_gate" in name for name, _ in kernel_us)  # block 0's conv2 + se_gate
     for i, blk in enumerate(blocks):
         k, st = blk.conv1.out_channels, blk.conv1.stride[0]
         out = (hw - 1) // st + 1
         act_in, act = 2 * n * c * hw * hw, 2 * n * k * out * out  # bytes of the input and output maps
         expected.append((f"layers.{i}.conv1 3x3/{st} {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c * 9,
                          act_in + act + 2 * k * c * 9))
+        pool_next = i + 1 < len(blocks) and blocks[i + 1].downsample is not None
+        if i == 0 and gate_in_conv2 and blk.downsample is None:
+            # one kernel: reads conv1's output and the identity, writes out (and the pooled map)
+            expected.append((f"layers.{i}.conv2 + se_gate 3x3/1 {k}->{k} {out}x{out} (one kernel)", "conv_se",
+                             2.0 * n * out * out * k * k * 9, 3 * act + 2 * k * k * 9 + (act // 4 if pool_next else 0)))
+            hw, c = out, k
+            continue
         if runs_dense(out, out, 3, 3):  # a dense layer on the whole map: the FLOPs it executes
             expected.append((f"layers.{i}.conv2 as dense {k * out * out}->{k * out * out}", "conv",
                              2.0 * n * (k * out * out) ** 2, 2 * act + 2 * (k * out * out) ** 2))
@@ -284,12 +294,13 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
         if blk.downsample is not None:  # on the map se_gate pooled
             expected.append((f"layers.{i}.downsample 1x1 {c}->{k} {out}x{out}", "conv", 2.0 * n * out * out * k * c,
                              act_in // 4 + act + 2 * k * c))
-        pool_next = i + 1 < len(blocks) and blocks[i + 1].downsample is not None
         # se_gate: reads h and the identity, writes out (and the pooled map for the next block)
         expected.append((f"layers.{i}.se_gate", "se_gate", 0.0, 3 * act + (act // 4 if pool_next else 0)))
         hw, c = out, k
     def matches(kind: str, name: str) -> bool:
-        return "conv2d_fused" in name if kind == "conv" else {"stem": "space_to_depth", "se_gate": "se_gate"}[kind] in name
+        if kind == "conv":
+            return "conv2d_fused" in name and "se_gate" not in name
+        return {"stem": "space_to_depth", "se_gate": "se_gate", "conv_se": "halo_se_gate"}[kind] in name
 
     if len(kernel_us) != len(expected) or not all(
             matches(kind, name) for (_, kind, _, _), (name, _) in zip(expected, kernel_us)):
@@ -297,10 +308,10 @@ def layer_table(n: int, kernel_us: list, in_channels: int, peaks: dict) -> list[
     rows = []
     for (layer, kind, flops, nbytes), (name, us) in zip(expected, kernel_us):
         row = {"layer": layer, "kernel": name, "us": us}
-        if kind == "conv":
+        if kind in ("conv", "conv_se"):
             row["tflops"] = flops / (us * 1e-6) / 1e12
             row["fraction_of_tensor_peak"] = row["tflops"] / peaks["tflops_dense_fp16_datasheet"]
-        else:
+        if kind != "conv":
             row["tb_s"] = nbytes / (us * 1e-6) / 1e12
             row["fraction_of_hbm_peak"] = row["tb_s"] / peaks["hbm_tb_s_datasheet"]
         row["bound_us"] = max(flops / (peaks["tflops_dense_fp16_datasheet"] * 1e12),

@@ -52,6 +52,14 @@ def test_layer_table_maps_kernels_to_layers():
     assert all(abs(r["fraction_of_bound"] - r["bound_us"] / 100.0) < 1e-12 for r in layers)
     assert layer_table(2048, kernels[:-1], 3, peaks) == []               # a kernel missing
     assert layer_table(2048, [(se, 1.0)] + kernels[1:], 3, peaks) == []  # not the stem first
+    # block 0's conv2 and se_gate as one kernel (conv2d_fused_se_gate's): one row with the conv's
+    # FLOPs and the bytes of both (conv1's output and the identity in, out and the pooled map out)
+    fused = "void cutlass_ops::conv2d_fused::sm90_halo::halo_se_gate_kernel<cutlass::half_t>(CUtensorMap_st)"
+    one = layer_table(2048, [kernels[0], kernels[1], (fused, 100.0)] + kernels[4:], 3, peaks)
+    assert [r["layer"].split()[0] for r in one][:4] == ["stem", "layers.0.conv1", "layers.0.conv2", "layers.1.conv1"]
+    assert "se_gate" in one[2]["layer"] and abs(one[2]["tflops"] - conv1["tflops"]) < 1e-6
+    assert abs(one[2]["tb_s"] - (2 * 2048 * 64 * 256 * 3.25 + 2 * 64 * 64 * 9) / 100e-6 / 1e12) < 1e-6
+    assert layer_table(2048, [kernels[0], (fused, 1.0)] + kernels[2:], 3, peaks) == []  # not in conv1's place
 
 
 def test_block_fused_bound_counts_each_block_once():
