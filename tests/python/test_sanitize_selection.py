@@ -180,6 +180,27 @@ def test_conv2d_fused_sm90_halo():
     assert errors(out, want)[0] < 1e-2
 
 
+def test_conv2d_fused_se_gate():
+    """conv2d_fused_se_gate: on sm90 its one kernel (the halo conv with se_gate as its epilogue:
+    TMA loads, named barriers between a consumer group's epilogue phases, ordinary stores), three
+    images so that one CTA's two consumer groups both take one (a grid of 2 CTAs); elsewhere the
+    two kernels it fuses."""
+    x, w = _r(3, 64, 16, 16, cl=True), _r(64, 64, 3, 3, scale=(9 * 64) ** -0.5, cl=True)
+    idn = _r(3, 64, 16, 16, cl=True, seed=1)
+    w1, b1 = _r(4, 64, dtype=torch.float32, scale=0.125, seed=2), _r(4, dtype=torch.float32, seed=3)
+    w2, b2 = _r(64, 4, dtype=torch.float32, scale=0.5, seed=4), _r(64, dtype=torch.float32, seed=5)
+    scale, hb = torch.tensor(0.75, device="cuda"), torch.tensor(0.1, device="cuda")
+    out, pooled = ops.conv2d_fused_se_gate(x, w, scale, idn, w1, b1, w2, b2, None, None, avgpool=True, h_bias=hb)
+    if ON_SM90 and ops.conv2d_fused_kernels(90) and os.environ.get("CUTLASS_OPS_SM90") != "0":
+        assert ops.conv2d_fused_se_gate_last_kernel().endswith("_se_gate"), ops.conv2d_fused_se_gate_last_kernel()
+    d = lambda t: t.double().cpu()  # noqa: E731
+    h = F.conv2d(d(x), d(w), None, 1, 1) * 0.75 + 0.1
+    g = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), d(w1), d(b1))), d(w2), d(b2)))
+    want = torch.relu(h * g[:, :, None, None] + d(idn))
+    assert errors(out, want)[0] < 1e-2
+    assert errors(pooled, F.avg_pool2d(want, 3, 2, 1))[0] < 1e-2
+
+
 # ---- conv2d_b2b: every built back-to-back instance (register- and shared-memory-resident) ----
 
 @pytest.mark.parametrize("name", ops.conv2d_b2b_kernels() or ["(none built)"])
@@ -591,6 +612,7 @@ def test_fused_resnet_training_step_graph():
 COVERAGE = {
     "conv2d_fused": ["test_conv2d_fused_epilogue", "test_conv2d_fused_forced_family", "test_conv2d_fused_align1",
                      "test_conv2d_fused_sm90_halo"],
+    "conv2d_fused_se_gate": ["test_conv2d_fused_se_gate"],
     "conv2d_b2b": ["test_conv2d_b2b"],
     "conv2d_dgrad": ["test_conv2d_dgrad", "test_conv2d_backward_family90"],
     "conv2d_wgrad": ["test_conv2d_wgrad", "test_conv2d_backward_family90"],
