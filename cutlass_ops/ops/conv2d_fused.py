@@ -234,8 +234,9 @@ def conv2d_fused_se_gate(input: torch.Tensor, weight: torch.Tensor, scale: Scala
     inputs): one kernel, the halo conv with the gate as its epilogue
     (kernels/conv2d_fused/conv2d_fused_sm90_halo_se_gate.cu), h never leaving the SM.  Other
     fp16/bf16 problems run the two kernels it fuses, conv2d_fused then se_gate, with h rounded to
-    the input dtype between them (a fallback: cutlass_ops.paths; ``CUTLASS_OPS_SM90_HALO=0`` asks for
-    it); float32/float64 and CPU the ATen composite.  What ran: ``conv2d_fused_se_gate_last_kernel()``.
+    the input dtype between them (a fallback: cutlass_ops.paths; ``CUTLASS_OPS_SM90_HALO=0`` or
+    ``CUTLASS_OPS_SM90=0`` asks for it); float32/float64 and CPU the ATen composite.  What ran:
+    ``conv2d_fused_se_gate_last_kernel()``.
 
     Returns ``out`` (channels_last), or ``(out, pooled)`` when ``avgpool``.  The backward recomputes
     h through conv2d_fused and differentiates conv2d_fused + se_gate (one more conv), so training
@@ -280,8 +281,9 @@ def conv2d_fused_se_gate_why_not(input: torch.Tensor, weight: torch.Tensor, iden
         return "the kernel is sm_90a code"
     if not _built_family90():
         return "this build has no family-90 kernels (CUTLASS_OPS_ARCHS without 90)"
-    if os.environ.get("CUTLASS_OPS_SM90_HALO", "") == "0":
-        return "CUTLASS_OPS_SM90_HALO=0"
+    for switch in ("CUTLASS_OPS_SM90_HALO", "CUTLASS_OPS_SM90"):
+        if os.environ.get(switch, "")[:1] == "0":
+            return f"{switch}=0"
     if not all(_aligned16(t, torch.channels_last) for t in (input, identity)):
         return "a channels_last input is not 16-byte aligned (a view at an odd offset)"
     return None

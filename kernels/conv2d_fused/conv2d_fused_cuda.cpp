@@ -154,6 +154,8 @@ std::tuple<Tensor, Tensor> conv2d_fused_se_gate_cuda(
     why_not = "the kernel takes 3x3 convs with stride 1 and padding 1";
   } else if (!hand_written_kernels_from_env()) {
     why_not = "CUTLASS_OPS_SM90_HALO=0";
+  } else if (sm90_policy_from_env() == Sm90Policy::kNever) {
+    why_not = "CUTLASS_OPS_SM90=0";
   } else {
     Tensor x = as_nhwc(input), w = as_nhwc(weight), idn = as_nhwc(identity);
     Tensor result = empty({out.N, out.K, out.P, out.Q}, dtype, input.device(), kChannelsLast);
