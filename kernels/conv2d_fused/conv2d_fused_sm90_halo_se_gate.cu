@@ -18,7 +18,6 @@
 
 #include "common/programmatic_launch.cuh"
 #include "conv2d_fused/conv2d_fused_sm90_halo.cuh"
-#include "cutlass/arch/reg_reconfig.h"
 
 namespace cutlass_ops {
 namespace conv2d_fused {
@@ -73,20 +72,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   wait_for_previous_grid();  // before the first read of the inputs or write of the outputs
 
   if (wg == 0) {  // the producer: image blockIdx.x + k * gridDim.x, its top tile then its bottom one
-    cutlass::arch::warpgroup_reg_dealloc<40>();
     if (threadIdx.x == 0)
       produce(s, tmap_x, tmap_w, 2 * local_images,
               [&](int j) { return make_int2(int(blockIdx.x) + (j / 2) * int(gridDim.x), (j % 2) * kTileRows); });
     return;
   }
-  cutlass::arch::warpgroup_reg_alloc<232>();  // both tiles' accumulators: 128 a thread
 
   int const consumer = wg - 1, ct = threadIdx.x - 128 * wg, warp = ct / 32, lane = ct % 32;
   using TiledMma = decltype(make_tiled_mma(typename Mma<T>::Atom{}));
   TiledMma mma;
   auto thr = mma.get_thread_slice(ct);
-  Tensor acc0 = partition_fragment_C(mma, Shape<Int<kK>, Int<kM>>{});  // rows 0-7
-  Tensor acc1 = partition_fragment_C(mma, Shape<Int<kK>, Int<kM>>{});  // rows 8-15
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kK>, Int<kM>>{});
 
   int const ch0 = acc_channel0(ct), px0 = acc_pixel0(ct);
   float const scale = ep.scale ? *ep.scale : 1.f;
@@ -94,41 +90,59 @@ __global__ void __launch_bounds__(kThreads, 1)
   float const idn_bias = ep.identity_bias ? *ep.identity_bias : 0.f;
   float const post = ep.post_bias ? *ep.post_bias : 0.f;
   T* out_buf = s.out[consumer];
-  float* means = s.se[consumer];        // [kK] channel sums
+  float* gates = s.se[consumer];        // [kK]: the channel sums, then the gates
   float* hidden = s.se[consumer] + kK;  // [R]
   auto group_sync = [&] { cutlass::arch::NamedBarrier::sync(128, 1 + consumer); };
+  // h = scale * acc + h_bias in place, this thread's two channels summed into sum.
+  auto to_h = [&](float (&sum)[2]) {
+#pragma unroll
+    for (int i = 0; i < size(acc); ++i) {
+      acc(i) = fmaf(scale, acc(i), h_bias);
+      sum[(i / 2) % 2] += acc(i);
+    }
+  };
+  // acc (h) into the group's buffer in T, pixel-major (the accumulator layout: acc_channel0).
+  auto to_buffer = [&] {
+#pragma unroll
+    for (int v1 = 0; v1 < 2; ++v1)
+#pragma unroll
+      for (int v0 = 0; v0 < 2; ++v0) {
+        T* dst = out_buf + out_index(px0 + v0, ch0 + 8 * v1);
+#pragma unroll
+        for (int v2 = 0; v2 < kM / 8; ++v2) dst[8 * v2 * kK] = T(acc(v0 + 2 * v1 + 4 * v2));
+      }
+  };
 
   FullBarrier::wait(&s.filter_full, 0);
   for (int k = consumer; k < local_images; k += 2) {
     int const n = int(blockIdx.x) + k * int(gridDim.x);
-    clear(acc0);
-    mma_tile(s, thr, acc0, 2 * k);
-    clear(acc1);
-    mma_tile(s, thr, acc1, 2 * k + 1);
-
-    // h = scale * acc + h_bias, and the squeeze: this thread's two channels summed over its
-    // pixels of both tiles, then over the four lanes of the quad that holds those channels.
+    // The top tile's h goes to the buffer (rounded to T, as conv2d_fused + se_gate round it);
+    // the bottom tile's stays in the accumulators until the gate is known.  The squeeze sums
+    // both in float32 before any rounding.
     float sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < size(acc0); ++i) {
-      int const v1 = (i / 2) % 2;
-      acc0(i) = fmaf(scale, acc0(i), h_bias);
-      acc1(i) = fmaf(scale, acc1(i), h_bias);
-      sum[v1] += acc0(i) + acc1(i);
-    }
+    clear(acc);
+    mma_tile(s, thr, acc, 2 * k);
+    to_h(sum);
+    group_sync();  // the previous image's readers of the buffer and of the gates are done
+    to_buffer();
+    clear(acc);
+    mma_tile(s, thr, acc, 2 * k + 1);
+    to_h(sum);
+
+    // Squeeze: over the four lanes of the quad that holds this thread's two channels.
 #pragma unroll
     for (int v1 = 0; v1 < 2; ++v1) {
       sum[v1] += __shfl_xor_sync(0xffffffffu, sum[v1], 1);
       sum[v1] += __shfl_xor_sync(0xffffffffu, sum[v1], 2);
     }
     if (ct % 4 == 0) {
-      means[ch0] = sum[0];
-      means[ch0 + 8] = sum[1];
+      gates[ch0] = sum[0];
+      gates[ch0 + 8] = sum[1];
     }
     group_sync();
     // Excite: hidden unit r by warp r % 4 (a dot over the 64 sums, two a lane), ReLU.
     for (int r = warp; r < ep.R; r += 4) {
-      float d = ep.w1[r * kK + lane] * means[lane] + ep.w1[r * kK + lane + 32] * means[lane + 32];
+      float d = ep.w1[r * kK + lane] * gates[lane] + ep.w1[r * kK + lane + 32] * gates[lane + 32];
 #pragma unroll
       for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
       if (lane == 0) {
@@ -136,15 +150,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         hidden[r] = pre < 0.f ? 0.f : pre;  // keeps NaN, like torch.relu
       }
     }
-    group_sync();
-    // The gates of this thread's two channels.
-    float gate[2];
+    group_sync();  // hidden is complete; every read of the sums is done
+    if (ct % 4 == 0) {  // the gates of this thread's two channels, over their sums
 #pragma unroll
-    for (int v1 = 0; v1 < 2; ++v1) {
-      int const ch = ch0 + 8 * v1;
-      float dot = 0.f;
-      for (int r = 0; r < ep.R; ++r) dot += ep.w2[ch * ep.R + r] * hidden[r];
-      gate[v1] = 1.f / (1.f + __expf(-(dot + ep.b2[ch])));
+      for (int v1 = 0; v1 < 2; ++v1) {
+        int const ch = ch0 + 8 * v1;
+        float dot = 0.f;
+        for (int r = 0; r < ep.R; ++r) dot += ep.w2[ch * ep.R + r] * hidden[r];
+        gates[ch] = 1.f / (1.f + __expf(-(dot + ep.b2[ch])));
+      }
     }
 
     // Gate, residual, ReLU and the pooling, a tile at a time through the group's buffer.
@@ -152,36 +166,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     // pooled column ct / 8, channel chunk ct % 8), taken from the top tile's output.
     float carry[8];
     size_t const image_px = size_t(n) * kImagePixels;
-#pragma unroll  // half a constant: acc0 or acc1 chosen at compile time (else both go to local memory)
+#pragma unroll  // half a constant below
     for (int half = 0; half < 2; ++half) {
-      auto& acc = half == 0 ? acc0 : acc1;
       size_t const tile_px = image_px + half * kM;
-      // The identity's chunks first: their loads are in flight during the stores below.
+      // The identity's chunks first: their loads are in flight during what follows.
       uint4 idn[8];
       uint4 const* idn_src = reinterpret_cast<uint4 const*>(static_cast<T const*>(ep.identity) + tile_px * kK);
 #pragma unroll
       for (int i = 0; i < 8; ++i) idn[i] = idn_src[ct + 128 * i];
-      group_sync();  // the buffer's last readers (the previous tile's) are done
-#pragma unroll
-      for (int v1 = 0; v1 < 2; ++v1)
-#pragma unroll
-        for (int v0 = 0; v0 < 2; ++v0) {
-          T* dst = out_buf + out_index(px0 + v0, ch0 + 8 * v1);
-#pragma unroll
-          for (int v2 = 0; v2 < kM / 8; ++v2) dst[8 * v2 * kK] = T(acc(v0 + 2 * v1 + 4 * v2) * gate[v1]);
-        }
-      group_sync();
+      if (half == 1) {
+        group_sync();  // the top tile's readers of the buffer are done
+        to_buffer();
+      }
+      group_sync();  // the buffer (and, for the top tile, the gates) written
       uint4* out = reinterpret_cast<uint4*>(static_cast<T*>(ep.output) + tile_px * kK);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         int const chunk = ct + 128 * i, px = chunk / (kK / 8), c = chunk % (kK / 8);
         uint4* buf = reinterpret_cast<uint4*>(out_buf + out_chunk(px, c));
-        float hg[8], x[8], o[8];
-        unpack8<T>(*buf, hg);
+        float hv[8], x[8], o[8];
+        unpack8<T>(*buf, hv);
         unpack8<T>(idn[i], x);
+        float4 const g0 = reinterpret_cast<float4 const*>(gates + 8 * c)[0];
+        float4 const g1 = reinterpret_cast<float4 const*>(gates + 8 * c)[1];
+        float const g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          float const v = hg[e] + x[e] + idn_bias;
+          float const v = hv[e] * g[e] + x[e] + idn_bias;
           o[e] = (v < 0.f ? 0.f : v) + post;  // keeps NaN, like torch.relu
         }
         uint4 const packed = pack8<T>(o);
