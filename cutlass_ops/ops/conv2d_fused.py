@@ -224,7 +224,7 @@ def conv2d_fused_se_gate(input: torch.Tensor, weight: torch.Tensor, scale: Scala
                          stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 1):
     """``se_gate`` (ops/se_gate.py) with ``h = scale * conv2d(input, weight) + h_bias`` as its input:
 
-        h      = scale * conv2d(input, weight, stride, padding) + h_bias   # float32, never stored
+        h      = scale * conv2d(input, weight, stride, padding) + h_bias   # float32 (see below)
         g      = sigmoid(fc2(relu(fc1(mean_hw(h)))))
         out    = relu(h * g[:, :, None, None] + identity + identity_bias) + post_bias
         pooled = avg_pool2d(out, 3, 2, 1, count_include_pad=True)          # if avgpool
@@ -232,11 +232,12 @@ def conv2d_fused_se_gate(input: torch.Tensor, weight: torch.Tensor, scale: Scala
     FusedResNet's conv2 and the block's gate.  On an H100/H200 (a build with arch 90), fp16/bf16,
     3x3 stride 1 padding 1, 16x16 maps with C = K = 64 and 1-16 hidden units (block 0 at 64x64
     inputs): one kernel, the halo conv with the gate as its epilogue
-    (kernels/conv2d_fused/conv2d_fused_sm90_halo_se_gate.cu), h never leaving the SM.  Other
-    fp16/bf16 problems run the two kernels it fuses, conv2d_fused then se_gate, with h rounded to
-    the input dtype between them (a fallback: cutlass_ops.paths; ``CUTLASS_OPS_SM90_HALO=0`` or
-    ``CUTLASS_OPS_SM90=0`` asks for it); float32/float64 and CPU the ATen composite.  What ran:
-    ``conv2d_fused_se_gate_last_kernel()``.
+    (kernels/conv2d_fused/conv2d_fused_sm90_halo_se_gate.cu): h never leaves the SM; the squeeze
+    is over float32 h, the gate multiplies h rounded to the input dtype (as se_gate's input is).
+    Other fp16/bf16 problems run the two kernels it fuses, conv2d_fused then se_gate, with h
+    rounded to the input dtype between them (a fallback: cutlass_ops.paths;
+    ``CUTLASS_OPS_SM90_HALO=0`` or ``CUTLASS_OPS_SM90=0`` asks for it); float32/float64 and CPU
+    the ATen composite, h unrounded.  What ran: ``conv2d_fused_se_gate_last_kernel()``.
 
     Returns ``out`` (channels_last), or ``(out, pooled)`` when ``avgpool``.  The backward recomputes
     h through conv2d_fused and differentiates conv2d_fused + se_gate (one more conv), so training

@@ -156,7 +156,7 @@ std::tuple<Tensor, Tensor> conv2d_fused_se_gate_aten(
   OutputShape out = check_se_gate_inputs(input, weight, scale, identity, w1, b1, w2, b2, identity_bias, post_bias,
                                          h_bias, stride, padding);
   auto compute = input.scalar_type() == kDouble ? kDouble : kFloat;
-  // h in the compute dtype, never rounded (the fused kernel keeps it in float32 registers).
+  // h in the compute dtype, unrounded.
   Tensor h = conv2d_fused_aten(to_dtype(input, compute), to_dtype(weight, compute), std::nullopt, std::nullopt,
                                scale, h_bias, stride, padding, false, false);
   auto [y, unused] = se_gate::se_gate_aten(h, to_dtype(identity, compute), w1, b1, w2, b2, identity_bias, post_bias,

@@ -31,7 +31,7 @@ Tensor conv2d_fused_aten(Tensor const& input, Tensor const& weight, std::optiona
 
 // conv2d_fused_se_gate(input, weight, scale, identity, fc1/fc2, identity_bias, post_bias,
 // avgpool, h_bias, stride, padding): se_gate (kernels/se_gate) with h = scale * conv2d(input,
-// weight) + h_bias as its input, h kept in float32:
+// weight) + h_bias as its input:
 //   out    = relu(h * sigmoid(fc2(relu(fc1(mean_hw(h))))) + identity + identity_bias) + post_bias
 //   pooled = avg_pool2d(out, 3, 2, 1, count_include_pad)   (of the rounded out; empty unless avgpool)
 // Checks every argument (errors name it) and returns the output shape.

@@ -1,19 +1,25 @@
 // conv2d_fused_se_gate on sm_90a: the halo conv (conv2d_fused_sm90_halo.cuh) with se_gate as its
 // epilogue, for FusedResNet block 0's conv2 (3x3 / stride 1 / pad 1, C = K = 64, 16 x 16 maps).
 //
-//   h   = scale * conv(x, w) + h_bias                 (float32, never stored)
-//   g   = sigmoid(W2 relu(W1 mean_hw(h) + b1) + b2)
+//   h   = scale * conv(x, w) + h_bias                 (float32; rounded to T once, in shared memory)
+//   g   = sigmoid(W2 relu(W1 mean_hw(h) + b1) + b2)   (the mean over the float32 h)
 //   out = relu(h * g + identity + identity_bias) + post_bias
 //   pooled = avg_pool2d(out, 3, 2, 1, count_include_pad)   (optional: the next block's downsample input)
 //
 // As conv2d_fused + se_gate, h goes to HBM and comes back (twice) and se_gate is a kernel of its
-// own; here a consumer warp group owns whole images: both 8-row tiles of an image are in its
-// registers (64 + 64 accumulators a thread), so the squeeze is a sum over a thread's values and
-// a shuffle over the four lanes that share a channel, the excite runs in the group, and the gate,
-// residual and pooling go through the group's 16 KB tile buffer a tile at a time.  The two
-// consumer groups take every other image of the CTA: one group's epilogue runs under the other's
-// MMAs.  HBM traffic per image: the input (through TMA, with its halo), the identity, the output
-// and the pooled map; h never leaves the SM.
+// own; here a consumer warp group owns whole images.  The top tile's h waits in the group's 16 KB
+// buffer (in T, as the two kernels round it) while the bottom tile's MMAs run; the bottom tile's
+// stays in the accumulators.  The squeeze is a sum over a thread's values of both tiles and a
+// shuffle over the four lanes that share a channel, the excite runs in the group, and the gate,
+// residual and pooling go through the buffer a tile at a time.  The two consumer groups take
+// every other image of the CTA: one group's epilogue runs under the other's MMAs.  HBM traffic
+// per image: the input (through TMA, with its halo), the identity, the output and the pooled map;
+// h never leaves the SM.
+//
+// One accumulator tile a thread (64 floats) keeps the consumers within the 168 registers of 384
+// threads: a first version held both tiles (128) after raising the consumers' registers with
+// setmaxnreg (232, the producer down to 40), and faulted on an H100 as soon as a CTA took two
+// images.
 #include "conv2d_fused/conv2d_fused_sm90_halo.h"
 
 #include "common/programmatic_launch.cuh"
