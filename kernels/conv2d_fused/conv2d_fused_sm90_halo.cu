@@ -6,7 +6,6 @@
 // with 16-byte stores.
 #include "conv2d_fused/conv2d_fused_sm90_halo.h"
 
-#include "common/programmatic_launch.cuh"
 #include "conv2d_fused/conv2d_fused_sm90_halo.cuh"
 
 namespace cutlass_ops {
@@ -104,20 +103,9 @@ cutlass::Status run(Conv2dFusedArgs const& a, cudaStream_t stream) {
                     a.N >= 1 && a.residual == nullptr && a.act != Activation::kSilu && a.split_k_slices <= 1 &&
                     aligned16(a.input) && aligned16(a.weight) && aligned16(a.output);
   if (!fits) return cutlass::Status::kErrorNotSupported;
-  CUtensorMap tmap_x{}, tmap_w{};
-  if (!encode_maps<T>(a.input, a.weight, a.N, a.H, tmap_x, tmap_w)) return cutlass::Status::kErrorNotSupported;
-  static bool const smem_set =
-      cudaFuncSetAttribute(halo_conv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<T>) ==
-      cudaSuccess;
-  if (!smem_set) return cutlass::Status::kErrorInternal;
-  int const sms = current_sm_count();
-  if (sms == 0) return cutlass::Status::kErrorInternal;
   Epilogue ep{a.output, a.bias, a.bias_scalar, a.scale, a.post_bias, a.act == Activation::kRelu ? 1 : 0,
               a.N * (a.H / kTileRows), a.H / kTileRows};
-  int const grid = ep.tiles < sms ? ep.tiles : sms;
-  cudaError_t err = launch_kernel<halo_conv_kernel<T>>(dim3(grid), dim3(kThreads), kSmemBytes<T>, stream,
-                                                       a.programmatic_launch, tmap_x, tmap_w, ep);
-  return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+  return launch_halo<halo_conv_kernel<T>, T>(a.input, a.weight, a.N, a.H, ep.tiles, ep, stream, a.programmatic_launch);
 }
 
 }  // namespace sm90_halo

@@ -33,6 +33,8 @@
 #include "cutlass/bfloat16.h"
 #include "cutlass/half.h"
 
+#include "common/programmatic_launch.cuh"
+
 namespace cutlass_ops {
 namespace conv2d_fused {
 namespace sm90_halo {
@@ -212,6 +214,27 @@ inline int current_sm_count() {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return 0;
   return sms;
+}
+
+// Launches kKernel (a halo kernel of element type T: kernel(tmap_x, tmap_w, ep)) over N images
+// of H rows on a persistent grid of min(work_items, SMs) CTAs: the tensor maps, the shared
+// memory attribute (once per kernel), the launch (launch_kernel: a programmatic dependent of the
+// previous kernel when `programmatic`).  kErrorNotSupported when the maps cannot be made,
+// kErrorInternal for a failed launch.
+template <auto kKernel, typename T, typename Ep>
+cutlass::Status launch_halo(void const* input, void const* weight, int N, int H, int work_items, Ep const& ep,
+                            cudaStream_t stream, bool programmatic) {
+  CUtensorMap tmap_x{}, tmap_w{};
+  if (!encode_maps<T>(input, weight, N, H, tmap_x, tmap_w)) return cutlass::Status::kErrorNotSupported;
+  static bool const smem_set =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<T>) == cudaSuccess;
+  if (!smem_set) return cutlass::Status::kErrorInternal;
+  int const sms = current_sm_count();
+  if (sms == 0) return cutlass::Status::kErrorInternal;
+  int const grid = work_items < sms ? work_items : sms;
+  cudaError_t err = launch_kernel<kKernel>(dim3(grid), dim3(kThreads), kSmemBytes<T>, stream, programmatic, tmap_x,
+                                           tmap_w, ep);
+  return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
 }
 
 }  // namespace sm90_halo

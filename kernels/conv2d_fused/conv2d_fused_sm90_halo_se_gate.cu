@@ -22,7 +22,6 @@
 // images.
 #include "conv2d_fused/conv2d_fused_sm90_halo.h"
 
-#include "common/programmatic_launch.cuh"
 #include "conv2d_fused/conv2d_fused_sm90_halo.cuh"
 
 namespace cutlass_ops {
@@ -32,22 +31,6 @@ namespace sm90_halo {
 constexpr int kImageRows = 2 * kTileRows;  // the maps this kernel takes: 16 x 16
 constexpr int kImagePixels = kImageRows * kW;
 constexpr int kPooledW = kW / 2;           // AvgPool2d(3, 2, 1) of 16 columns: 8
-
-struct SeEpilogue {
-  void* output;
-  void* pooled;              // or null
-  void const* identity;
-  float const* scale;        // or null (1)
-  float const* h_bias;       // or null (0)
-  float const* identity_bias;
-  float const* post_bias;
-  float const* w1;           // (R, K)
-  float const* b1;           // (R)
-  float const* w2;           // (K, R)
-  float const* b2;           // (K)
-  int R;
-  int images;
-};
 
 // 16 bytes of T as 8 floats, and back.
 template <typename T>
@@ -68,12 +51,12 @@ __device__ __forceinline__ uint4 pack8(float const (&v)[8]) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     halo_se_gate_kernel(__grid_constant__ CUtensorMap const tmap_x, __grid_constant__ CUtensorMap const tmap_w,
-                        SeEpilogue const ep) {
+                        HaloSeGateArgs const ep) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   Smem<T>& s = smem_of<T>(smem_raw);
   int const wg = threadIdx.x / 128;
-  int const local_images = (ep.images - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  int const local_images = (ep.N - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   init_barriers(s);
   wait_for_previous_grid();  // before the first read of the inputs or write of the outputs
 
@@ -243,27 +226,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T>
-cutlass::Status run_se_gate_typed(HaloSeGateArgs const& a, cudaStream_t stream) {
-  CUtensorMap tmap_x{}, tmap_w{};
-  if (!encode_maps<T>(a.input, a.weight, a.N, kImageRows, tmap_x, tmap_w)) return cutlass::Status::kErrorNotSupported;
-  static bool const smem_set =
-      cudaFuncSetAttribute(halo_se_gate_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<T>) ==
-      cudaSuccess;
-  if (!smem_set) return cutlass::Status::kErrorInternal;
-  int const sms = current_sm_count();
-  if (sms == 0) return cutlass::Status::kErrorInternal;
-  SeEpilogue ep{a.output, a.pooled, a.identity, a.scale, a.h_bias, a.identity_bias, a.post_bias,
-                a.w1, a.b1, a.w2, a.b2, a.R, a.N};
-  int const grid = a.N < sms ? a.N : sms;
-  cudaError_t err = launch_kernel<halo_se_gate_kernel<T>>(dim3(grid), dim3(kThreads), kSmemBytes<T>, stream,
-                                                          a.programmatic_launch, tmap_x, tmap_w, ep);
-  return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
-}
-
 cutlass::Status run_se_gate(HaloSeGateArgs const& a, cudaStream_t stream) {
   if (!halo_se_gate_fits(a)) return cutlass::Status::kErrorNotSupported;
-  return a.dtype == DType::kF16 ? run_se_gate_typed<half_t>(a, stream) : run_se_gate_typed<bfloat16_t>(a, stream);
+  return a.dtype == DType::kF16
+             ? launch_halo<halo_se_gate_kernel<half_t>, half_t>(a.input, a.weight, a.N, kImageRows, a.N, a, stream,
+                                                                a.programmatic_launch)
+             : launch_halo<halo_se_gate_kernel<bfloat16_t>, bfloat16_t>(a.input, a.weight, a.N, kImageRows, a.N, a,
+                                                                        stream, a.programmatic_launch);
 }
 
 }  // namespace sm90_halo

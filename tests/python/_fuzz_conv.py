@@ -11,6 +11,7 @@ import cutlass_ops
 from cutlass_ops import ops
 from _fuzz import (LAYOUTS, UNIT, _batch, _dims, _dtype, _own, _special, _wants, autograd_case, compare,
                    conv2d_taps, conv2d_weight_taps, d64, make, round_st)
+from _fuzz_se import _se_formula
 
 def draw_conv2d_fused(rng):
     r, s = rng.choice([(1, 1), (3, 3), (5, 5), (1, 3), (3, 1), (2, 2)])
@@ -404,17 +405,7 @@ def _se_conv_operands(c, device, special=True):
 def _se_conv_formula(x, wt, scale, idn, w1, b1, w2, b2, idb, pb, hb):
     """conv2d_fused_se_gate's composite in the tensors' dtype (PyTorch's own: conv2d, then the gate)."""
     h = F.conv2d(x, wt, None, 1, 1)
-    if scale is not None:
-        h = h * scale.to(h.dtype)
-    if hb is not None:
-        h = h + hb.to(h.dtype)
-    gate = torch.sigmoid(F.linear(torch.relu(F.linear(h.mean((2, 3)), w1.to(h.dtype), b1.to(h.dtype))),
-                                  w2.to(h.dtype), b2.to(h.dtype)))
-    y = h * gate[:, :, None, None] + idn
-    if idb is not None:
-        y = y + idb.to(y.dtype)
-    y = torch.relu(y)
-    return y + pb.to(y.dtype) if pb is not None else y
+    return _se_formula(h * scale.to(h.dtype) if scale is not None else h, idn, w1, b1, w2, b2, idb, pb, hb, False)[0]
 
 
 def run_conv2d_fused_se_gate(c, device):
