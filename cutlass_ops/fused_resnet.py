@@ -15,16 +15,17 @@ the forward differs.  Per forward (16 kernels):
                                         training too: small_map_conv.py)
             se_gate (one CTA/image):    h + b2b, squeeze, excite MLP, h*g + identity, ReLU,
                                         + the next block's fixup_bias1a, + its avgpool
-            conv2 + se_gate as one kernel (conv2d_fused_se_gate) in inference on an H100/H200
-                                        for block 0 at 64x64 inputs: h never reaches HBM
-                                        (15 kernels then)
+            conv2 + se_gate as one kernel (conv2d_fused_se_gate) with fuse_se_gate=True, in
+                                        inference on an H100/H200 for block 0 at 64x64 inputs:
+                                        h never reaches HBM (15 kernels then)
 
 Small-M convs (late blocks, small batches) split K serially across threadblocks.  On sm90
 every kernel launches as a programmatic dependent of the one before (its launch overlaps
 that one's tail; kernels/common/programmatic_launch.cuh).
-Not fused yet (see README): outside block 0's inference on sm90 the squeeze re-reads conv2's
-output instead of being summed in its epilogue.  The excite MLP is a plain loop in se_gate: as a B2B GEMM (FusedMLP) between
-se_squeeze and se_gate_apply it measured 1.2-2.9x slower on an H100 (bench se-excite).
+Not fused yet (see README): the squeeze re-reads conv2's output instead of being summed in its
+epilogue (except with fuse_se_gate=True, block 0 in inference on sm90).  The excite MLP is a
+plain loop in se_gate: as a B2B GEMM (FusedMLP) between se_squeeze and se_gate_apply it measured
+1.2-2.9x slower on an H100 (bench se-excite).
 """
 from __future__ import annotations
 
@@ -45,16 +46,21 @@ class FusedResNet(SEResNet9FixUp):
 
     ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
     output tensor is then reused by the next call of that shape: clone it to keep it).
+    ``fuse_se_gate=True`` runs block 0's conv2 and SE gate as one kernel in inference on sm90
+    (conv2d_fused_se_gate); off by default until that kernel has passed its GPU tests (its first
+    version failed them on an H100: docs/fused_resnet.md).
     Training works (cutlass_ops/ops/: CUTLASS or, where the profile measured it
     faster, cuDNN dgrad/wgrad, and our kernels for the epilogues' and the SE gate's backward).
     FixUp scalars and SE weights stay float32 whatever the model dtype: they are tiny and
     the kernels use them in float32.
     """
 
-    def __init__(self, in_channels: int = 3, base_planes: int = 64, graph: bool = False):
+    def __init__(self, in_channels: int = 3, base_planes: int = 64, graph: bool = False,
+                 fuse_se_gate: bool = False):
         super().__init__(in_channels, base_planes)
         self.in_channels = in_channels
         self.graph = graph
+        self.fuse_se_gate = fuse_se_gate
         self._derived: dict = {}
         self._graphs: dict = {}
         self._param_list: list = []
@@ -62,11 +68,12 @@ class FusedResNet(SEResNet9FixUp):
         self._to_kernel_layouts()
 
     @classmethod
-    def from_reference(cls, model: SEResNet9FixUp, graph: bool = False) -> "FusedResNet":
+    def from_reference(cls, model: SEResNet9FixUp, graph: bool = False,
+                       fuse_se_gate: bool = False) -> "FusedResNet":
         in_channels = model.stem[1].weight.shape[1] // 16
         base = model.stem[1].weight.shape[0]
         p = next(model.parameters())
-        fused = cls(in_channels, base, graph=graph).to(device=p.device, dtype=p.dtype)
+        fused = cls(in_channels, base, graph=graph, fuse_se_gate=fuse_se_gate).to(device=p.device, dtype=p.dtype)
         fused.load_state_dict(model.state_dict())
         return fused
 
@@ -224,7 +231,7 @@ class FusedResNet(SEResNet9FixUp):
             fc1, fc2 = blk.se.excite[0], blk.se.excite[2]
             pool_next = nxt is not None and nxt.downsample is not None
             next_b1a = nxt.fixup_bias1a if nxt is not None else None
-            if blk.downsample is None and not self._block_trains(blk, h) and \
+            if self.fuse_se_gate and blk.downsample is None and not self._block_trains(blk, h) and \
                     conv2d_fused_se_gate_why_not(h, blk.conv2.weight, xa, fc1.weight) is None:
                 # Inference, block 0's shape on sm90: conv2 with the gate as its epilogue.
                 result = conv2d_fused_se_gate(h, cast(blk.conv2.weight), blk.fixup_scale, xa, fc1.weight, fc1.bias,

@@ -102,7 +102,13 @@ __device__ __forceinline__ void init_barriers(Smem<T>& s) {
 
 // The producer (thread 0 of warp group 0): the filter once, then for each of the CTA's
 // `local_tiles` tiles, in order, its three shifted copies.  tile_at(j) gives local tile j's
-// image n and first output row y0 (an int2 {n, y0}).
+// image n and first output row y0 (an int2 {n, y0}; n < 0: no such tile, skipped).
+//
+// Tile j's copies go to stages 3j % 6 .. + 2 with phase (j / 2) & 1: even tiles use stages
+// 0-2, odd tiles 3-5, each set once every other tile.  So each consumer group must take tiles
+// of one parity only, in order (mma_tile): an mbarrier's parity wait cannot tell phase k from
+// phase k + 2, and a group that waited on a stage two phases ahead of the other group's use of
+// it would read that stage before its copy landed.
 template <typename T, typename TileAt>
 __device__ __forceinline__ void produce(Smem<T>& s, CUtensorMap const& tmap_x, CUtensorMap const& tmap_w,
                                         int local_tiles, TileAt tile_at) {
@@ -111,11 +117,11 @@ __device__ __forceinline__ void produce(Smem<T>& s, CUtensorMap const& tmap_x, C
   prefetch_tma_descriptor(&tmap_w);
   FullBarrier::arrive_and_expect_tx(&s.filter_full, 9 * kTapBytes);
   for (int tap = 0; tap < 9; ++tap) SM90_TMA_LOAD_2D::copy(&tmap_w, &s.filter_full, hint, s.filter[tap], tap * kC, 0);
-  int it = 0;
   for (int j = 0; j < local_tiles; ++j) {
     int2 const tile = tile_at(j);
-    for (int tap_s = 0; tap_s < 3; ++tap_s, ++it) {
-      int const st = it % kStages, phase = (it / kStages) & 1;
+    if (tile.x < 0) continue;
+    for (int tap_s = 0; tap_s < 3; ++tap_s) {
+      int const it = 3 * j + tap_s, st = it % kStages, phase = (it / kStages) & 1;
       EmptyBarrier::wait(&s.empty[st], phase ^ 1);
       FullBarrier::arrive_and_expect_tx(&s.full[st], kCopyBytes);
       SM90_TMA_LOAD_4D::copy(&tmap_x, &s.full[st], hint, s.copies[st], 0, tap_s - 1, tile.y - 1, tile.x);
@@ -125,7 +131,8 @@ __device__ __forceinline__ void produce(Smem<T>& s, CUtensorMap const& tmap_x, C
 
 // The MMAs of local tile j (the producer's order) into acc, a consumer group's (channel,
 // pixel) fragment; each copy goes back to the producer once its MMAs are done.  The caller
-// clears acc first (or accumulates on purpose) and has waited for the filter.
+// clears acc first (or accumulates on purpose) and has waited for the filter.  A consumer group
+// takes tiles of one parity, in increasing order (produce).
 template <typename T, typename ThrMma, typename Acc>
 __device__ __forceinline__ void mma_tile(Smem<T>& s, ThrMma const& thr, Acc& acc, int j) {
   using TiledMma = decltype(make_tiled_mma(typename Mma<T>::Atom{}));

@@ -16,10 +16,10 @@
 // per image: the input (through TMA, with its halo), the identity, the output and the pooled map;
 // h never leaves the SM.
 //
-// One accumulator tile a thread (64 floats) keeps the consumers within the 168 registers of 384
-// threads: a first version held both tiles (128) after raising the consumers' registers with
-// setmaxnreg (232, the producer down to 40), and faulted on an H100 as soon as a CTA took two
-// images.
+// A first version gave a CTA's image k the tiles 2k and 2k + 1, so both groups used every stage
+// and group 1 waited on a stage's phase 1 before group 0's phase 0 had landed (a parity wait does
+// not tell them apart): on an H100 it faulted or was wrong whenever a CTA took two images, and
+// was right with one consumer group doing every image.  Hence the tile order in produce().
 #include "conv2d_fused/conv2d_fused_sm90_halo.h"
 
 #include "conv2d_fused/conv2d_fused_sm90_halo.cuh"
@@ -60,10 +60,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   init_barriers(s);
   wait_for_previous_grid();  // before the first read of the inputs or write of the outputs
 
-  if (wg == 0) {  // the producer: image blockIdx.x + k * gridDim.x, its top tile then its bottom one
+  // The CTA's k-th image (blockIdx.x + k * gridDim.x) goes to consumer group k % 2, as its tiles
+  // 2k - k % 2 (top) and 2k - k % 2 + 2 (bottom): each group's tiles of one parity (produce), so
+  // the tile order is group 0's top, group 1's top, group 0's bottom, group 1's bottom, ...
+  if (wg == 0) {  // the producer
     if (threadIdx.x == 0)
-      produce(s, tmap_x, tmap_w, 2 * local_images,
-              [&](int j) { return make_int2(int(blockIdx.x) + (j / 2) * int(gridDim.x), (j % 2) * kTileRows); });
+      produce(s, tmap_x, tmap_w, 4 * ((local_images + 1) / 2), [&](int j) {
+        int const k = 2 * (j / 4) + j % 2;
+        return make_int2(k < local_images ? int(blockIdx.x) + k * int(gridDim.x) : -1, ((j / 2) % 2) * kTileRows);
+      });
     return;
   }
 
@@ -109,13 +114,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the bottom tile's stays in the accumulators until the gate is known.  The squeeze sums
     // both in float32 before any rounding.
     float sum[2] = {0.f, 0.f};
+    int const top = 2 * k - consumer;  // this image's tiles: top, top + 2 (produce's order above)
     clear(acc);
-    mma_tile(s, thr, acc, 2 * k);
+    mma_tile(s, thr, acc, top);
     to_h(sum);
     group_sync();  // the previous image's readers of the buffer and of the gates are done
     to_buffer();
     clear(acc);
-    mma_tile(s, thr, acc, 2 * k + 1);
+    mma_tile(s, thr, acc, top + 2);
     to_h(sum);
 
     // Squeeze: over the four lanes of the quad that holds this thread's two channels.

@@ -28,9 +28,9 @@ def randomize_(model: SEResNet9FixUp, g: torch.Generator) -> SEResNet9FixUp:
     return model
 
 
-def make_pair(in_channels, dtype, device, g, graph=False):
+def make_pair(in_channels, dtype, device, g, graph=False, fuse_se_gate=False):
     ref = randomize_(SEResNet9FixUp(in_channels), g).to(device=device, dtype=dtype)
-    fused = cutlass_ops.FusedResNet.from_reference(ref, graph=graph)
+    fused = cutlass_ops.FusedResNet.from_reference(ref, graph=graph, fuse_se_gate=fuse_se_gate)
     return ref, fused
 
 
@@ -48,9 +48,9 @@ CPU_CASES = [(c, n, d) for d in (torch.float16, torch.bfloat16, torch.float32) f
              for n in (1, 3)]
 
 
-def _check(in_channels, n, dtype, device, graph=False):
+def _check(in_channels, n, dtype, device, graph=False, fuse_se_gate=False):
     g = torch.Generator().manual_seed(1000 * in_channels + n)
-    ref, fused = make_pair(in_channels, dtype, device, g, graph)
+    ref, fused = make_pair(in_channels, dtype, device, g, graph, fuse_se_gate)
     x = torch.randn(n, in_channels, 64, 64, generator=g).to(device=device, dtype=dtype)
     if device == "cuda":  # poison the allocator's free blocks: unwritten outputs show as NaN
         t = torch.full((n * 64 * 64 * 64 * 4,), float("nan"), dtype=dtype, device=device)
@@ -70,6 +70,17 @@ def _check(in_channels, n, dtype, device, graph=False):
                          ids=[f"c{c}-n{n}-{str(d)[6:]}" for c, n, d in CUDA_CASES])
 def test_fused_resnet_cuda(in_channels, n, dtype):
     _check(in_channels, n, dtype, "cuda")
+
+
+SE_GATE_CASES = [(3, n, d) for d in (torch.float16, torch.bfloat16) for n in (1, 133, 1000)]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("in_channels, n, dtype", SE_GATE_CASES,
+                         ids=[f"c{c}-n{n}-{str(d)[6:]}" for c, n, d in SE_GATE_CASES])
+def test_fused_resnet_cuda_fuse_se_gate(in_channels, n, dtype):
+    """fuse_se_gate=True: block 0's conv2 and gate as one kernel on sm90 (the two ops elsewhere)."""
+    _check(in_channels, n, dtype, "cuda", fuse_se_gate=True)
 
 
 @pytest.mark.parametrize("in_channels, n, dtype", CPU_CASES,

@@ -182,11 +182,11 @@ def test_conv2d_fused_sm90_halo():
 
 def test_conv2d_fused_se_gate():
     """conv2d_fused_se_gate: on sm90 its one kernel (the halo conv with se_gate as its epilogue:
-    TMA loads, named barriers between a consumer group's epilogue phases, ordinary stores), three
-    images so that one CTA's two consumer groups both take one (a grid of 2 CTAs); elsewhere the
-    two kernels it fuses."""
-    x, w = _r(3, 64, 16, 16, cl=True), _r(64, 64, 3, 3, scale=(9 * 64) ** -0.5, cl=True)
-    idn = _r(3, 64, 16, 16, cl=True, seed=1)
+    TMA loads, named barriers between a consumer group's epilogue phases, ordinary stores), 134
+    images, more than an H100's or H200's 132 SMs, so that the first CTAs take two, one for each
+    consumer group; elsewhere the two kernels it fuses."""
+    x, w = _r(134, 64, 16, 16, cl=True), _r(64, 64, 3, 3, scale=(9 * 64) ** -0.5, cl=True)
+    idn = _r(134, 64, 16, 16, cl=True, seed=1)
     w1, b1 = _r(4, 64, dtype=torch.float32, scale=0.125, seed=2), _r(4, dtype=torch.float32, seed=3)
     w2, b2 = _r(64, 4, dtype=torch.float32, scale=0.5, seed=4), _r(64, dtype=torch.float32, seed=5)
     scale, hb = torch.tensor(0.75, device="cuda"), torch.tensor(0.1, device="cuda")
