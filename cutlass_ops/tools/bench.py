@@ -89,7 +89,9 @@ RESNET_SYSTEMS = ("FusedResNet", "FusedResNet graph=True", "eager NCHW",
 # the hand-written halo kernel for block 0's convs (kernels/conv2d_fused/conv2d_fused_sm90_halo.cu).
 FAMILY_SYSTEMS = ("FusedResNet graph=True CUTLASS_OPS_SM90=0", "FusedResNet graph=True CUTLASS_OPS_SM90=1",
                   "FusedResNet graph=True CUTLASS_OPS_SM90_HALO=0")
-RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default") + FAMILY_SYSTEMS
+# FusedResNet(fuse_se_gate=True): block 0's conv2 and SE gate as one kernel (conv2d_fused_se_gate).
+FUSE_SE_GATE_SYSTEM = "FusedResNet graph=True fuse_se_gate=True"
+RESNET_OPTIONAL_SYSTEMS = ("TorchScript NCHW", "torch.compile default", FUSE_SE_GATE_SYSTEM) + FAMILY_SYSTEMS
 
 
 def resnet_work(n: int, in_channels: int = 3) -> dict:
@@ -206,6 +208,10 @@ def _resnet_system(name, ref, ref_cl, fused, fused_graph, x, x_cl):
         return lambda: ref(x)
     if name == "eager channels_last + CUDA graph":
         return graphed(lambda: ref_cl(x_cl))
+    if name == FUSE_SE_GATE_SYSTEM:
+        from ..fused_resnet import FusedResNet
+        model = FusedResNet.from_reference(ref, graph=True, fuse_se_gate=True).eval()
+        return lambda: model(x)
     if name in FAMILY_SYSTEMS:
         from ..fused_resnet import FusedResNet
         model = FusedResNet.from_reference(ref, graph=True).eval()
