@@ -18,7 +18,8 @@
 # step), train-check-cvt.  suite (tests/gpu_suite.sh up to the deadline, resumed over the calls
 # of one warm machine: each runs what the earlier ones did not reach), grads (the 16-bit gradient
 # tables of FusedResNet and FusedCvT), block0 (docs/experiments/block0_fused/run.py: its three
-# kernels, the stream one last).
+# kernels, the stream one last), se-gate (conv2d_fused_se_gate's kernel and FusedResNet(fuse_se_gate=True)
+# against float64, strict).
 # The family-90 dgrad/wgrad kernels (built unless CUTLASS_OPS_SM90_BACKWARD=OFF is in the environment
 # of this script): sm90-backward-tests (test_conv2d_backward_sm90.py, then test_conv2d_backward.py
 # under the same build), profile90-backward (profile --backward --family 90 into
@@ -131,6 +132,13 @@ for step in ${STEPS:-}; do
       timeout "$limit" "$PYTHON" docs/experiments/block0_fused/run.py --out "$OUT/block0_results.json" \
         ${ext_args[@]+"${ext_args[@]}"} > "$OUT/block0.log" 2>&1
       echo "block0 run.py: rc $?"; tail -60 "$OUT/block0.log"
+      echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
+    se-gate)  # conv2d_fused_se_gate's sm90 kernel and FusedResNet(fuse_se_gate=True), strict, against float64
+      (cd /tmp && CUTLASS_OPS_STRICT=1 timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider -rs \
+         "$REPO/tests/python/test_conv2d_fused_se_gate.py" "$REPO/tests/python/test_halo_pipeline.py" \
+         "$REPO/tests/python/test_conv2d_fused_sm90_halo.py" "$REPO/tests/python/test_fused_resnet.py" \
+         > "$OUT/se_gate_tests.log" 2>&1)
+      grep -E "passed|failed|^FAILED|^ERROR|SKIPPED" "$OUT/se_gate_tests.log" | tail -15
       echo "== $step took $(( $(date +%s) - t0 )) s"; continue ;;
     sm90-tests)  # the family-90 kernels against float64 (forced one by one)
       (cd /tmp && timeout "$limit" "$PYTHON" -P -m pytest -q -p no:cacheprovider \
