@@ -70,7 +70,7 @@ struct Smem {
   alignas(1024) T filter[9][kK * kC];      // tap r*3+s: [k][c]
   alignas(1024) T copies[kStages][kCopyRows * kC];
   alignas(1024) T out[2][kM * kK];         // each consumer's tile, pixel-major, 16-byte chunks swizzled
-  float se[2][kK + kMaxHidden];            // each consumer's channel means, then gates; hidden units
+  float se[2][kK + kMaxHidden];            // each consumer's channel sums (then its gates), and its hidden units
   alignas(8) uint64_t full[kStages];
   uint64_t empty[kStages];
   uint64_t filter_full;
