@@ -314,8 +314,31 @@ inline cudaStream_t current_cuda_stream(int device_index) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// Makes `device` current for the scope (c10::cuda::CUDAGuard).
-using DeviceGuard = torch::stable::accelerator::DeviceGuard;
+// Makes `device` current for the scope (c10::cuda::CUDAGuard), and its primary context current
+// on this thread.  torch's guard calls cudaSetDevice only when the device is not already the
+// thread's current one, and a thread that has made no CUDA runtime call yet (an autograd device
+// thread whose first work is one of our ops, a fresh Python thread) has device 0 "current" with
+// no context bound: the driver calls made before the first launch (cuTensorMapEncodeTiled, for
+// the TMA descriptors of the sm90 kernels) then fail with CUDA_ERROR_INVALID_CONTEXT and the
+// kernel runs with a garbage descriptor.  cudaSetDevice binds the primary context (CUDA >= 12);
+// it is called once per thread and device, and is legal during stream capture.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(torch::stable::accelerator::DeviceIndex index) : guard_(index) {
+    thread_local unsigned long long bound = 0;  // a bit per device index
+    if (index >= 0 && index < 64 && !(bound >> index & 1ull)) {
+      cudaError_t const e = cudaSetDevice(index);
+      if (e != cudaSuccess) {
+        throw std::runtime_error(std::string("cutlass_ops: cudaSetDevice(") + std::to_string(index) +
+                                 ") failed: " + cudaGetErrorString(e));
+      }
+      bound |= 1ull << index;
+    }
+  }
+
+ private:
+  torch::stable::accelerator::DeviceGuard guard_;
+};
 #endif
 
 }  // namespace cutlass_ops

@@ -6,6 +6,7 @@ Skipped without an sm90 GPU or when the build has no family-90 kernels (build wi
 CUTLASS_OPS_ARCHS)."""
 import itertools
 import os
+import threading
 
 import pytest
 import torch
@@ -231,3 +232,41 @@ def test_dependent_chain_and_graph_replay(kernel, forced, rng):
                     case["post_bias"], True)
     rel, mx = errors(out, ref)
     assert rel <= TOLERANCE[dtype][0] and mx <= TOLERANCE[dtype][1], f"{kernel}: graph rel {rel:.3e} max {mx:.3e}"
+
+
+@needs_sm90
+def test_first_cuda_work_of_a_new_thread(rng):
+    """A thread whose first CUDA work is one of our family-90 kernels (an autograd device thread
+    whose backward begins with our op, a new Python thread) has no CUDA context bound until a
+    runtime call binds one; the op binds the device's primary context before it encodes its TMA
+    descriptors (an encode without a context fails, and the kernel then runs on a garbage
+    descriptor: an illegal instruction).  The inputs and an output-sized block of the caching
+    allocator are made here, so the thread makes no CUDA call before the op's own."""
+    kernel = next(k for k in SM90 if kernel_dtype(k) == torch.float16)
+    case = random_case(3, 64, 64, 12, 12, 3, 3, torch.float16, "cuda", rng)
+    del case["residual"]
+    torch.empty(3 * 64 * 12 * 12, dtype=torch.float16, device="cuda")  # cached for the thread's output
+    torch.cuda.synchronize()
+    result = {}
+
+    def first_work():
+        try:
+            torch.ops.cutlass_ops.conv2d_fused_force_kernel(kernel, 0)
+            result["out"] = cutlass_ops.conv2d_fused(case["x"], case["w"], case["bias"], None, 1, 1,
+                                                     case["scale"], case["post_bias"], True)
+            result["kernel"] = cutlass_ops.conv2d_fused_last_kernel()
+            torch.cuda.synchronize()
+        except Exception as e:  # raised again on the test's thread
+            result["error"] = e
+        finally:
+            torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
+
+    thread = threading.Thread(target=first_work)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    assert result["kernel"] == kernel
+    ref = reference(case["x"], case["w"], case["bias"], None, 1, 1, case["scale"], case["post_bias"], True)
+    rel, mx = errors(result["out"], ref)
+    assert rel <= TOLERANCE[torch.float16][0] and mx <= TOLERANCE[torch.float16][1], f"rel {rel:.3e} max {mx:.3e}"
