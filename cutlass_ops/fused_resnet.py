@@ -47,8 +47,8 @@ class FusedResNet(SEResNet9FixUp):
     ``graph=True`` replays a CUDA graph per input shape/dtype under ``torch.no_grad()`` (the
     output tensor is then reused by the next call of that shape: clone it to keep it).
     ``fuse_se_gate=True`` runs block 0's conv2 and SE gate as one kernel in inference on sm90
-    (conv2d_fused_se_gate); off by default until that kernel has passed its GPU tests (its first
-    version failed them on an H100: docs/fused_resnet.md).
+    (conv2d_fused_se_gate); off by default because on an H100 it is no faster than the two
+    kernels it replaces (docs/fused_resnet.md has the measurements).
     Training works (cutlass_ops/ops/: CUTLASS or, where the profile measured it
     faster, cuDNN dgrad/wgrad, and our kernels for the epilogues' and the SE gate's backward).
     FixUp scalars and SE weights stay float32 whatever the model dtype: they are tiny and
