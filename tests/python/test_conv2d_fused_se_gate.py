@@ -91,12 +91,14 @@ def test_numerics(device, dtype, shape, avgpool, rng):
 
 @pytest.mark.skipif(not ON_SM90, reason="needs an sm90 GPU and a build with family-90 kernels")
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+@pytest.mark.fallback  # compared with the two-kernel fallback (CUTLASS_OPS_SM90_HALO=0)
 def test_kernel_is_deterministic_and_as_accurate_as_the_two_kernels(dtype, rng, monkeypatch):
     """The same bits on every call; the one kernel's error against float64 no more than a quarter
     above the two kernels' (both gate h rounded to the input dtype; the one kernel's squeeze is
     over float32 h)."""
     t = make(300, 64, 64, 16, 4, dtype, "cuda", rng)
     first = run(t, True)
+    assert conv2d_fused_se_gate_last_kernel().endswith("_sm90_halo3x3s1_w16c64k64_se_gate")
     for _ in range(2):
         again = run(t, True)
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
