@@ -1,4 +1,6 @@
 """Shared by the tests: devices to test on, tolerances, error metrics, poisoning."""
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,24 @@ def fallback_where(values, means_fallback):
 # ||out - ref|| / ||ref|| bounds and max-error bounds (relative to max |ref|) per dtype.
 TOLERANCE = {torch.float16: (1e-3, 4e-3), torch.bfloat16: (8e-3, 3e-2),
              torch.float32: (1e-5, 1e-4), torch.float64: (1e-12, 1e-11)}
+
+
+def run_in_threads(fn, count: int = 1) -> None:
+    """Runs fn(i) on `count` new threads at once and raises the first error on the caller's."""
+    errors_ = []
+
+    def body(i):
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001  (raised below, on the caller's thread)
+            errors_.append(e)
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors_:
+        raise errors_[0]
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:

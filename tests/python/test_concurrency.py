@@ -11,7 +11,7 @@ from torch.nn.grad import conv2d_input
 
 import cutlass_ops
 from cutlass_ops import ops
-from _helpers import DEVICES, HAS_CUDA, errors
+from _helpers import DEVICES, HAS_CUDA, errors, run_in_threads
 
 H = torch.float16
 CL = torch.channels_last
@@ -27,23 +27,6 @@ def _conv_inputs(device, seed, dtype=H, n=4, c=32, hw=12):
 
 def _want(x, w, bias):
     return F.conv2d(x.double().cpu(), w.double().cpu(), bias.double().cpu(), 1, 1).relu()
-
-
-def _run_threads(fn, count=2):
-    errors_ = []
-
-    def body(i):
-        try:
-            fn(i)
-        except BaseException as e:  # noqa: BLE001  (reported below)
-            errors_.append(e)
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors_:
-        raise errors_[0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -66,7 +49,7 @@ def test_two_threads_run_ops_at_once(device):
                 stream.synchronize()
         assert errors(out, wants[i])[0] < 2e-3, i
         assert abs(loss.item() - want_giou.item()) < 1e-4 * abs(want_giou.item())
-    _run_threads(work)
+    run_in_threads(work, 2)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device (or a CPU-only build)")
@@ -133,7 +116,7 @@ def test_forced_kernel_state_is_thread_local(device):
 
     def body(i):
         (forcer if i == 0 else other)(i)
-    _run_threads(body)
+    run_in_threads(body, 2)
     assert "no_such_kernel" not in seen["other_fused"]
     assert "forced" not in seen["other_backward"], seen
     if device == "cuda":

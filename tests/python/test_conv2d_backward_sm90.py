@@ -17,7 +17,7 @@ import torch
 from torch.nn.grad import conv2d_input, conv2d_weight
 
 import cutlass_ops
-from _helpers import HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
+from _helpers import HAS_CUDA, TOLERANCE, errors, poison_cuda_cache, run_in_threads
 
 
 def _built():
@@ -232,29 +232,22 @@ def test_sliced_wgrad_in_a_cuda_graph(name, forced, rng):
 def test_sliced_wgrad_first_call_inside_a_capture(name, rng):
     """On a fresh thread the side streams and events are created by the first sliced call; here
     that call is inside a CUDA graph capture (FusedResNet captures its backward like this)."""
-    import threading
     dtype = kernel_dtype(name)
     case = RESNET[0]
     x, weight, dy, stride, pad = _operands(case, dtype, rng)
-    out, errs = {}, []
+    out = {}
 
-    def body():
-        try:
-            torch.cuda.set_device(x.device)
-            torch.ops.cutlass_ops.conv2d_backward_force_kernel(name, 3)  # thread-local
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out["dw"], out["ds"] = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, None)
-            graph.replay()
-            torch.cuda.synchronize()
-            out["graph"] = graph
-        except Exception as e:  # reported below, on the test's thread
-            errs.append(e)
+    def body(_):
+        torch.cuda.set_device(x.device)
+        torch.ops.cutlass_ops.conv2d_backward_force_kernel(name, 3)  # thread-local
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out["dw"], out["ds"] = cutlass_ops.conv2d_wgrad(dy, x, weight, stride, pad, None)
+        graph.replay()
+        torch.cuda.synchronize()
+        out["graph"] = graph
 
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    assert not errs, errs
+    run_in_threads(body)
     g = conv2d_weight(x.double().cpu(), weight.shape, dy.double().cpu(), stride, pad)
     rel, mx = errors(out["dw"], g)
     assert rel < TOLERANCE[dtype][0] and mx < TOLERANCE[dtype][1], (rel, mx)

@@ -6,14 +6,13 @@ Skipped without an sm90 GPU or when the build has no family-90 kernels (build wi
 CUTLASS_OPS_ARCHS)."""
 import itertools
 import os
-import threading
 
 import pytest
 import torch
 
 import cutlass_ops
 from cutlass_ops.ops import conv2d_fused_kernel_family, conv2d_fused_kernels
-from _helpers import HAS_CUDA, TOLERANCE, errors, poison_cuda_cache
+from _helpers import HAS_CUDA, TOLERANCE, errors, poison_cuda_cache, run_in_threads
 from test_conv2d_fused import random_case, reference
 
 # The generated family-90 kernels; the hand-written halo kernels (one problem class each) have
@@ -249,23 +248,17 @@ def test_first_cuda_work_of_a_new_thread(rng):
     torch.cuda.synchronize()
     result = {}
 
-    def first_work():
+    def first_work(_):
         try:
             torch.ops.cutlass_ops.conv2d_fused_force_kernel(kernel, 0)
             result["out"] = cutlass_ops.conv2d_fused(case["x"], case["w"], case["bias"], None, 1, 1,
                                                      case["scale"], case["post_bias"], True)
             result["kernel"] = cutlass_ops.conv2d_fused_last_kernel()
             torch.cuda.synchronize()
-        except Exception as e:  # raised again on the test's thread
-            result["error"] = e
         finally:
             torch.ops.cutlass_ops.conv2d_fused_force_kernel("")
 
-    thread = threading.Thread(target=first_work)
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
+    run_in_threads(first_work)
     assert result["kernel"] == kernel
     ref = reference(case["x"], case["w"], case["bias"], None, 1, 1, case["scale"], case["post_bias"], True)
     rel, mx = errors(result["out"], ref)
